@@ -1,0 +1,118 @@
+// Algorithms are schedules: a pure function from (collective, nranks, rank,
+// counts, chunking, root) to this rank's program of steps over buffer ranges.
+// Nothing here does I/O or knows a transport; the host and GPU executors run
+// programs, the simulator checks them, and the tuner costs them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weft::algo {
+
+enum class Collective : uint8_t {
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Reduce,
+  AllToAll,
+  AllToAllv,
+  Gather,
+  Scatter,
+  Barrier,
+};
+inline constexpr int kNumCollectives = 10;
+
+enum class Algorithm : uint8_t {
+  Ring,
+  Tree,  // double binary tree
+  Rhd,   // recursive halving-doubling (Rabenseifner)
+  Rd,    // recursive doubling
+  Bruck,
+  Pairwise,
+  Binomial,
+  Chain,
+  Dissemination,
+};
+inline constexpr int kNumAlgorithms = 9;
+
+const char* collective_name(Collective c);  // "allreduce", "reducescatter", ...
+const char* algorithm_name(Algorithm a);    // "ring", "tree", "rhd", ...
+bool parse_collective(std::string_view name, Collective* out);
+bool parse_algorithm(std::string_view name, Algorithm* out);
+
+// Where a range lives. Input is the user's send buffer, Output the user's
+// receive buffer, Scratch a buffer the executor provides (Program::scratch_count
+// elements). In-place calls alias Input and Output with NCCL's conventions:
+// AllReduce/Broadcast/Reduce/AllToAll input == output; AllGather input ==
+// output + rank*count; ReduceScatter output == input + rank*recvcount;
+// Gather input == output + root*count (at root); Scatter output == input +
+// root*count (at root). Programs must be correct under that aliasing.
+enum class Buf : uint8_t { Input, Output, Scratch };
+
+// Offsets and counts are in elements.
+struct Range {
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  Buf buf = Buf::Input;
+};
+
+enum class StepKind : uint8_t {
+  Send,    // a -> peer
+  Recv,    // peer -> dst
+  Reduce,  // dst = a (op) b, element-wise; dst may alias a or b exactly
+  Copy,    // dst = a
+};
+
+// The k-th Send from rank s to rank d matches the k-th Recv on d from s, in
+// program order, whatever order the executor posts them in. A step may start
+// once every step it depends on has completed; steps without a dependency
+// path between them may run concurrently, so every read-after-write,
+// write-after-read and write-after-write hazard on overlapping ranges must be
+// expressed as a (transitive) dependency.
+struct Step {
+  StepKind kind = StepKind::Copy;
+  int32_t peer = -1;
+  uint32_t first_dep = 0;  // index into Program::deps
+  uint32_t num_deps = 0;
+  Range a;    // Send, Reduce, Copy
+  Range b;    // Reduce
+  Range dst;  // Recv, Reduce, Copy
+};
+
+struct Program {
+  std::vector<Step> steps;
+  std::vector<uint32_t> deps;  // indices of earlier steps
+  uint64_t scratch_count = 0;  // elements of scratch the program needs
+
+  // Appends a step depending on the listed earlier steps; returns its index.
+  uint32_t add(const Step& step, std::initializer_list<uint32_t> after = {});
+  uint32_t add(const Step& step, const std::vector<uint32_t>& after);
+};
+
+struct Params {
+  Collective collective = Collective::AllReduce;
+  Algorithm algorithm = Algorithm::Ring;
+  int nranks = 1;
+  int rank = 0;
+  int root = 0;            // Broadcast, Reduce, Gather, Scatter
+  uint64_t count = 0;      // per collective, as the C API's count argument
+  uint64_t chunk = 0;      // max elements per message (0: no chunking)
+  bool in_place = false;   // Input/Output alias as described above
+  // AllToAllv only (elements, indexed by peer; nranks entries each).
+  const uint64_t* send_counts = nullptr;
+  const uint64_t* send_displs = nullptr;
+  const uint64_t* recv_counts = nullptr;
+  const uint64_t* recv_displs = nullptr;
+};
+
+// Whether `algorithm` implements `collective` (for any nranks).
+bool supports(Algorithm algorithm, Collective collective);
+
+// Builds this rank's program. Returns false and sets *error when the
+// combination is not supported; never throws for valid input.
+bool build(const Params& params, Program* program, std::string* error);
+
+}  // namespace weft::algo

@@ -1,0 +1,15 @@
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
+pkg_check_modules(HWLOC IMPORTED_TARGET hwloc)
+
+if(WEFT_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(WEFT_BUILD_BENCH)
+  find_package(benchmark QUIET)
+endif()
+# Optional peers for tests and side-by-side benchmarks.
+find_package(MPI QUIET COMPONENTS C)
+find_library(GLOO_LIBRARY gloo)
+find_path(GLOO_INCLUDE_DIR gloo/allreduce.h)

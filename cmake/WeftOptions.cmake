@@ -1,0 +1,22 @@
+option(WEFT_BUILD_TESTS "Build the GoogleTest suite" ON)
+option(WEFT_BUILD_BENCH "Build weft-perf and the microbenchmarks" ON)
+set(WEFT_SANITIZE "" CACHE STRING "Sanitizer build: address (ASan+UBSan), thread (TSan) or empty")
+
+# CUDA is on when a CUDA compiler is found; every host-side part builds without it.
+include(CheckLanguage)
+check_language(CUDA)
+if(CMAKE_CUDA_COMPILER)
+  option(WEFT_ENABLE_CUDA "Build the CUDA executor and transports" ON)
+else()
+  option(WEFT_ENABLE_CUDA "Build the CUDA executor and transports" OFF)
+endif()
+
+if(WEFT_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(WEFT_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT WEFT_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "WEFT_SANITIZE must be address, thread or empty")
+endif()

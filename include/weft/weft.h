@@ -1,0 +1,148 @@
+/* Weft: collective communication for distributed training and inference.
+ *
+ * The C ABI is Weft's stable contract. It is shaped like NCCL's (same numeric
+ * values for status codes, data types and reduction ops) so that the NCCL-ABI
+ * shim stays a thin translation layer. Every entry point returns a weftResult_t
+ * and, on failure, records a message naming the cause (weftGetLastError). */
+#ifndef WEFT_WEFT_H_
+#define WEFT_WEFT_H_
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WEFT_MAJOR 0
+#define WEFT_MINOR 1
+#define WEFT_PATCH 0
+#define WEFT_VERSION_CODE(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define WEFT_VERSION WEFT_VERSION_CODE(WEFT_MAJOR, WEFT_MINOR, WEFT_PATCH)
+
+/* Status codes: 0..7 equal ncclResult_t; weftTimeout is Weft's own. */
+typedef enum {
+  weftSuccess = 0,
+  weftUnhandledCudaError = 1,
+  weftSystemError = 2,
+  weftInternalError = 3,
+  weftInvalidArgument = 4,
+  weftInvalidUsage = 5,
+  weftRemoteError = 6,
+  weftInProgress = 7,
+  weftTimeout = 8,
+  weftNumResults = 9
+} weftResult_t;
+
+/* Data types: values equal ncclDataType_t. */
+typedef enum {
+  weftInt8 = 0,
+  weftChar = 0,
+  weftUint8 = 1,
+  weftInt32 = 2,
+  weftInt = 2,
+  weftUint32 = 3,
+  weftInt64 = 4,
+  weftUint64 = 5,
+  weftFloat16 = 6,
+  weftHalf = 6,
+  weftFloat32 = 7,
+  weftFloat = 7,
+  weftFloat64 = 8,
+  weftDouble = 8,
+  weftBfloat16 = 9,
+  weftFloat8e4m3 = 10,
+  weftFloat8e5m2 = 11,
+  weftNumTypes = 12
+} weftDataType_t;
+
+/* Reduction ops: values equal ncclRedOp_t. Values >= weftNumOps are created
+ * with weftRedOpCreatePreMulSum. */
+typedef enum {
+  weftSum = 0,
+  weftProd = 1,
+  weftMax = 2,
+  weftMin = 3,
+  weftAvg = 4,
+  weftNumOps = 5,
+  weftMaxRedOp = 0x7fffffff
+} weftRedOp_t;
+
+#define WEFT_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[WEFT_UNIQUE_ID_BYTES];
+} weftUniqueId;
+
+typedef struct weftComm* weftComm_t;
+/* Streams arrive with their own API; NULL means "complete before returning". */
+typedef struct weftStream* weftStream_t;
+
+#define WEFT_SPLIT_NOCOLOR (-1)
+#define WEFT_CONFIG_UNDEF_INT INT_MIN
+#define WEFT_CONFIG_UNDEF_PTR NULL
+#define WEFT_CONFIG_MAGIC 0x77656674u /* "weft" */
+
+/* Per-communicator configuration. Initialise with WEFT_CONFIG_INITIALIZER;
+ * fields left undefined take the environment's or the built-in default. The
+ * library reads the struct by its size and version, so fields can be added at
+ * the end without breaking older callers. */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;         /* 1 (default): calls complete before they return */
+  int timeoutMs;        /* bound on every wait; default WEFT_TIMEOUT_MS */
+  const char* commName; /* shown in log lines */
+} weftConfig_t;
+
+#define WEFT_CONFIG_INITIALIZER                                                       \
+  {                                                                                   \
+    sizeof(weftConfig_t), WEFT_CONFIG_MAGIC, WEFT_VERSION, WEFT_CONFIG_UNDEF_INT,     \
+        WEFT_CONFIG_UNDEF_INT, WEFT_CONFIG_UNDEF_PTR                                  \
+  }
+
+/* Version as WEFT_VERSION_CODE(major, minor, patch). */
+weftResult_t weftGetVersion(int* version);
+const char* weftGetErrorString(weftResult_t result);
+/* The message recorded by the calling thread's last failed call ("" if none). */
+const char* weftGetLastError(weftComm_t comm);
+
+/* Bootstrap. The caller of weftGetUniqueId hosts the rendezvous point: keep
+ * the process alive until every rank has initialised. */
+weftResult_t weftGetUniqueId(weftUniqueId* uniqueId);
+weftResult_t weftCommInitRank(weftComm_t* comm, int nranks, weftUniqueId commId, int rank);
+weftResult_t weftCommInitRankConfig(weftComm_t* comm, int nranks, weftUniqueId commId, int rank,
+                                    weftConfig_t* config);
+/* Rank, size and rendezvous from WEFT_RANK/WEFT_NRANKS/WEFT_ROOT, or from the
+ * Open MPI (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID/SLURM_NTASKS) variables. */
+weftResult_t weftCommInitFromEnv(weftComm_t* comm, weftConfig_t* config);
+/* Collective over comm: ranks passing the same color form a new communicator,
+ * ordered by key then by rank in comm. color WEFT_SPLIT_NOCOLOR gives NULL. */
+weftResult_t weftCommSplit(weftComm_t comm, int color, int key, weftComm_t* newcomm,
+                           weftConfig_t* config);
+weftResult_t weftCommCount(const weftComm_t comm, int* count);
+weftResult_t weftCommUserRank(const weftComm_t comm, int* rank);
+/* Completes outstanding work and tells the peers this rank leaves on purpose. */
+weftResult_t weftCommFinalize(weftComm_t comm);
+weftResult_t weftCommDestroy(weftComm_t comm);
+/* Abandons outstanding work and frees the communicator; always returns. */
+weftResult_t weftCommAbort(weftComm_t comm);
+/* weftSuccess while healthy; otherwise the error that failed the communicator. */
+weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
+
+/* Point to point. Inside weftGroupStart/End, sends and receives are posted
+ * together so that exchange patterns cannot deadlock. */
+weftResult_t weftSend(const void* sendbuff, size_t count, weftDataType_t datatype, int peer,
+                      weftComm_t comm, weftStream_t stream);
+weftResult_t weftRecv(void* recvbuff, size_t count, weftDataType_t datatype, int peer,
+                      weftComm_t comm, weftStream_t stream);
+weftResult_t weftGroupStart(void);
+weftResult_t weftGroupEnd(void);
+weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WEFT_WEFT_H_ */

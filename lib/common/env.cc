@@ -1,0 +1,62 @@
+#include "common/env.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "common/log.h"
+
+namespace weft {
+
+namespace {
+constexpr EnvVar kEnvTable[] = {
+    {"WEFT_DEBUG", "WARN", "Log level: NONE, WARN, INFO or TRACE."},
+    {"WEFT_DEBUG_SUBSYS", "ALL",
+     "Comma-separated subsystems to log: INIT, BOOTSTRAP, TRANSPORT, P2P, COLL, ALGO, TUNE, ENV, "
+     "ALL; a leading ^ excludes the listed ones."},
+    {"WEFT_DEBUG_FILE", "", "Write log lines to this file instead of stderr (%h host, %p pid)."},
+    {"WEFT_TIMEOUT_MS", "300000",
+     "Bound on every wait (bootstrap, transfers, barrier); a stalled or dead peer becomes an "
+     "error within it."},
+    {"WEFT_SOCKET_IFNAME", "",
+     "Interfaces for the bootstrap: comma-separated name prefixes, ^ to exclude, = for exact "
+     "names. Default: the first non-loopback IPv4 interface that is up, else loopback."},
+    {"WEFT_RANK", "", "This process's rank for weftCommInitFromEnv."},
+    {"WEFT_NRANKS", "", "Number of ranks for weftCommInitFromEnv."},
+    {"WEFT_ROOT", "",
+     "host:port of the rendezvous that rank 0 opens, for weftCommInitFromEnv. Falls back to "
+     "MASTER_ADDR/MASTER_PORT."},
+    {"WEFT_SECRET", "",
+     "32 hex digits: the 128-bit secret every rank presents to the rendezvous in "
+     "weftCommInitFromEnv (weftrun sets a random one)."},
+    {"WEFT_LOCAL_RANK", "", "Rank within this node, set by weftrun (informational)."},
+};
+}  // namespace
+
+std::span<const EnvVar> env_table() { return kEnvTable; }
+
+std::optional<std::string> env_string(const char* name) {
+  const char* value = getenv(name);
+  if (value == nullptr || value[0] == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* value = getenv(name);
+  if (value == nullptr || value[0] == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long long parsed = strtoll(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0') {
+    WEFT_LOG(WARN, ENV, "%s=%s is not an integer; using %lld", name, value,
+             static_cast<long long>(fallback));
+    return fallback;
+  }
+  return parsed;
+}
+
+int64_t default_timeout_ms() {
+  int64_t timeout = env_int("WEFT_TIMEOUT_MS", 300000);
+  return timeout > 0 ? timeout : 300000;
+}
+
+}  // namespace weft

@@ -1,0 +1,45 @@
+// One error type for the whole library: a weftResult_t code plus a message
+// naming the cause. The C entry points turn a failed Status into their return
+// code and the calling thread's last-error string.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "weft/weft.h"
+
+namespace weft {
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(weftResult_t code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+  bool ok() const { return code_ == weftSuccess; }
+  weftResult_t code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  weftResult_t code_ = weftSuccess;
+  std::string message_;
+};
+
+// printf-style constructor for failures.
+Status Error(weftResult_t code, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+// Human-readable name of a result code ("invalid argument", ...).
+const char* result_string(weftResult_t code);
+
+// The calling thread's last error, as weftGetLastError reports it.
+void set_last_error(const std::string& message);
+const char* last_error();
+
+}  // namespace weft
+
+// Propagates a failed Status to the caller.
+#define WEFT_RETURN_IF_ERROR(expr)          \
+  do {                                      \
+    ::weft::Status weft_status_ = (expr);   \
+    if (!weft_status_.ok()) return weft_status_; \
+  } while (0)
