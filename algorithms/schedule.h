@@ -97,10 +97,10 @@ struct Params {
   Algorithm algorithm = Algorithm::Ring;
   int nranks = 1;
   int rank = 0;
-  int root = 0;            // Broadcast, Reduce, Gather, Scatter
-  uint64_t count = 0;      // per collective, as the C API's count argument
-  uint64_t chunk = 0;      // max elements per message (0: no chunking)
-  bool in_place = false;   // Input/Output alias as described above
+  int root = 0;           // Broadcast, Reduce, Gather, Scatter
+  uint64_t count = 0;     // per collective, as the C API's count argument
+  uint64_t chunk = 0;     // max elements per message (0: no chunking)
+  bool in_place = false;  // Input/Output alias as described above
   // AllToAllv only (elements, indexed by peer; nranks entries each).
   const uint64_t* send_counts = nullptr;
   const uint64_t* send_displs = nullptr;

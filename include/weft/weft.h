@@ -11,6 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#if defined(__GNUC__)
+#define WEFT_API __attribute__((visibility("default")))
+#else
+#define WEFT_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -18,7 +24,7 @@ extern "C" {
 #define WEFT_MAJOR 0
 #define WEFT_MINOR 1
 #define WEFT_PATCH 0
-#define WEFT_VERSION_CODE(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define WEFT_VERSION_CODE(X, Y, Z) ((X)*10000 + (Y)*100 + (Z))
 #define WEFT_VERSION WEFT_VERSION_CODE(WEFT_MAJOR, WEFT_MINOR, WEFT_PATCH)
 
 /* Status codes: 0..7 equal ncclResult_t; weftTimeout is Weft's own. */
@@ -96,50 +102,50 @@ typedef struct {
   const char* commName; /* shown in log lines */
 } weftConfig_t;
 
-#define WEFT_CONFIG_INITIALIZER                                                       \
-  {                                                                                   \
-    sizeof(weftConfig_t), WEFT_CONFIG_MAGIC, WEFT_VERSION, WEFT_CONFIG_UNDEF_INT,     \
-        WEFT_CONFIG_UNDEF_INT, WEFT_CONFIG_UNDEF_PTR                                  \
+#define WEFT_CONFIG_INITIALIZER                                                   \
+  {                                                                               \
+    sizeof(weftConfig_t), WEFT_CONFIG_MAGIC, WEFT_VERSION, WEFT_CONFIG_UNDEF_INT, \
+        WEFT_CONFIG_UNDEF_INT, WEFT_CONFIG_UNDEF_PTR                              \
   }
 
 /* Version as WEFT_VERSION_CODE(major, minor, patch). */
-weftResult_t weftGetVersion(int* version);
-const char* weftGetErrorString(weftResult_t result);
+WEFT_API weftResult_t weftGetVersion(int* version);
+WEFT_API const char* weftGetErrorString(weftResult_t result);
 /* The message recorded by the calling thread's last failed call ("" if none). */
-const char* weftGetLastError(weftComm_t comm);
+WEFT_API const char* weftGetLastError(weftComm_t comm);
 
 /* Bootstrap. The caller of weftGetUniqueId hosts the rendezvous point: keep
  * the process alive until every rank has initialised. */
-weftResult_t weftGetUniqueId(weftUniqueId* uniqueId);
-weftResult_t weftCommInitRank(weftComm_t* comm, int nranks, weftUniqueId commId, int rank);
-weftResult_t weftCommInitRankConfig(weftComm_t* comm, int nranks, weftUniqueId commId, int rank,
-                                    weftConfig_t* config);
+WEFT_API weftResult_t weftGetUniqueId(weftUniqueId* uniqueId);
+WEFT_API weftResult_t weftCommInitRank(weftComm_t* comm, int nranks, weftUniqueId commId, int rank);
+WEFT_API weftResult_t weftCommInitRankConfig(weftComm_t* comm, int nranks, weftUniqueId commId,
+                                             int rank, weftConfig_t* config);
 /* Rank, size and rendezvous from WEFT_RANK/WEFT_NRANKS/WEFT_ROOT, or from the
  * Open MPI (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID/SLURM_NTASKS) variables. */
-weftResult_t weftCommInitFromEnv(weftComm_t* comm, weftConfig_t* config);
+WEFT_API weftResult_t weftCommInitFromEnv(weftComm_t* comm, weftConfig_t* config);
 /* Collective over comm: ranks passing the same color form a new communicator,
  * ordered by key then by rank in comm. color WEFT_SPLIT_NOCOLOR gives NULL. */
-weftResult_t weftCommSplit(weftComm_t comm, int color, int key, weftComm_t* newcomm,
-                           weftConfig_t* config);
-weftResult_t weftCommCount(const weftComm_t comm, int* count);
-weftResult_t weftCommUserRank(const weftComm_t comm, int* rank);
+WEFT_API weftResult_t weftCommSplit(weftComm_t comm, int color, int key, weftComm_t* newcomm,
+                                    weftConfig_t* config);
+WEFT_API weftResult_t weftCommCount(const weftComm_t comm, int* count);
+WEFT_API weftResult_t weftCommUserRank(const weftComm_t comm, int* rank);
 /* Completes outstanding work and tells the peers this rank leaves on purpose. */
-weftResult_t weftCommFinalize(weftComm_t comm);
-weftResult_t weftCommDestroy(weftComm_t comm);
+WEFT_API weftResult_t weftCommFinalize(weftComm_t comm);
+WEFT_API weftResult_t weftCommDestroy(weftComm_t comm);
 /* Abandons outstanding work and frees the communicator; always returns. */
-weftResult_t weftCommAbort(weftComm_t comm);
+WEFT_API weftResult_t weftCommAbort(weftComm_t comm);
 /* weftSuccess while healthy; otherwise the error that failed the communicator. */
-weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
+WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
 
 /* Point to point. Inside weftGroupStart/End, sends and receives are posted
  * together so that exchange patterns cannot deadlock. */
-weftResult_t weftSend(const void* sendbuff, size_t count, weftDataType_t datatype, int peer,
-                      weftComm_t comm, weftStream_t stream);
-weftResult_t weftRecv(void* recvbuff, size_t count, weftDataType_t datatype, int peer,
-                      weftComm_t comm, weftStream_t stream);
-weftResult_t weftGroupStart(void);
-weftResult_t weftGroupEnd(void);
-weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream);
+WEFT_API weftResult_t weftSend(const void* sendbuff, size_t count, weftDataType_t datatype,
+                               int peer, weftComm_t comm, weftStream_t stream);
+WEFT_API weftResult_t weftRecv(void* recvbuff, size_t count, weftDataType_t datatype, int peer,
+                               weftComm_t comm, weftStream_t stream);
+WEFT_API weftResult_t weftGroupStart(void);
+WEFT_API weftResult_t weftGroupEnd(void);
+WEFT_API weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream);
 
 #ifdef __cplusplus
 }

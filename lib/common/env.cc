@@ -32,7 +32,9 @@ constexpr EnvVar kEnvTable[] = {
 };
 }  // namespace
 
-std::span<const EnvVar> env_table() { return kEnvTable; }
+std::span<const EnvVar> env_table() {
+  return kEnvTable;
+}
 
 std::optional<std::string> env_string(const char* name) {
   const char* value = getenv(name);

@@ -22,9 +22,15 @@ struct SubsysName {
   uint32_t bit;
 };
 constexpr SubsysName kSubsysNames[] = {
-    {"INIT", kLogINIT}, {"BOOTSTRAP", kLogBOOTSTRAP}, {"TRANSPORT", kLogTRANSPORT},
-    {"P2P", kLogP2P},   {"COLL", kLogCOLL},           {"ALGO", kLogALGO},
-    {"TUNE", kLogTUNE}, {"ENV", kLogENV},             {"ALL", kLogALL},
+    {"INIT", kLogINIT},
+    {"BOOTSTRAP", kLogBOOTSTRAP},
+    {"TRANSPORT", kLogTRANSPORT},
+    {"P2P", kLogP2P},
+    {"COLL", kLogCOLL},
+    {"ALGO", kLogALGO},
+    {"TUNE", kLogTUNE},
+    {"ENV", kLogENV},
+    {"ALL", kLogALL},
 };
 
 int parse_level(const char* text) {
@@ -90,7 +96,9 @@ const LogConfig& log_config() {
   return config;
 }
 
-void set_log_rank(int rank) { t_log_rank = rank; }
+void set_log_rank(int rank) {
+  t_log_rank = rank;
+}
 
 void log_write(LogLevel level, uint32_t subsys, const char* format, ...) {
   static FILE* const sink = open_log_file();

@@ -40,8 +40,8 @@ void set_log_rank(int rank);
 
 }  // namespace weft
 
-#define WEFT_LOG(level, subsys, ...)                                                  \
-  do {                                                                                \
-    if (::weft::log_enabled(::weft::LogLevel::level, ::weft::kLog##subsys))           \
+#define WEFT_LOG(level, subsys, ...)                                                 \
+  do {                                                                               \
+    if (::weft::log_enabled(::weft::LogLevel::level, ::weft::kLog##subsys))          \
       ::weft::log_write(::weft::LogLevel::level, ::weft::kLog##subsys, __VA_ARGS__); \
   } while (0)

@@ -16,16 +16,26 @@ Status Error(weftResult_t code, const char* format, ...) {
 
 const char* result_string(weftResult_t code) {
   switch (code) {
-    case weftSuccess: return "no error";
-    case weftUnhandledCudaError: return "unhandled cuda error";
-    case weftSystemError: return "unhandled system error";
-    case weftInternalError: return "internal error";
-    case weftInvalidArgument: return "invalid argument";
-    case weftInvalidUsage: return "invalid usage";
-    case weftRemoteError: return "remote process exited or there was a network error";
-    case weftInProgress: return "operation in progress";
-    case weftTimeout: return "timeout";
-    default: return "unknown result code";
+    case weftSuccess:
+      return "no error";
+    case weftUnhandledCudaError:
+      return "unhandled cuda error";
+    case weftSystemError:
+      return "unhandled system error";
+    case weftInternalError:
+      return "internal error";
+    case weftInvalidArgument:
+      return "invalid argument";
+    case weftInvalidUsage:
+      return "invalid usage";
+    case weftRemoteError:
+      return "remote process exited or there was a network error";
+    case weftInProgress:
+      return "operation in progress";
+    case weftTimeout:
+      return "timeout";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -33,7 +43,11 @@ namespace {
 thread_local std::string t_last_error;
 }
 
-void set_last_error(const std::string& message) { t_last_error = message; }
-const char* last_error() { return t_last_error.c_str(); }
+void set_last_error(const std::string& message) {
+  t_last_error = message;
+}
+const char* last_error() {
+  return t_last_error.c_str();
+}
 
 }  // namespace weft

@@ -38,8 +38,8 @@ const char* last_error();
 }  // namespace weft
 
 // Propagates a failed Status to the caller.
-#define WEFT_RETURN_IF_ERROR(expr)          \
-  do {                                      \
-    ::weft::Status weft_status_ = (expr);   \
+#define WEFT_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::weft::Status weft_status_ = (expr);        \
     if (!weft_status_.ok()) return weft_status_; \
   } while (0)

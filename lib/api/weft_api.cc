@@ -1,0 +1,296 @@
+// The C ABI: validates every argument, runs the call in the core, and turns a
+// failed Status into a result code plus the thread's last-error message.
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "api/comm_handle.h"
+#include "common/dtype.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "core/bootstrap.h"
+#include "core/communicator.h"
+#include "core/env_launch.h"
+#include "core/group.h"
+#include "weft/weft.h"
+
+using weft::Error;
+using weft::Status;
+
+namespace {
+
+weftResult_t report(const Status& status, const char* function) {
+  if (status.ok()) return weftSuccess;
+  std::string message = std::string(function) + ": " + status.message();
+  weft::set_last_error(message);
+  WEFT_LOG(INFO, INIT, "%s failed (%s): %s", function, weft::result_string(status.code()),
+           message.c_str());
+  return status.code();
+}
+
+// A failure inside a group is also reported by the group's end.
+weftResult_t report_call(const Status& status, const char* function) {
+  if (!status.ok()) weft::group_record_error(status);
+  return report(status, function);
+}
+
+Status read_config(const weftConfig_t* config, weft::CommConfig* out) {
+  if (config == nullptr) return Status::Ok();
+  if (config->magic != WEFT_CONFIG_MAGIC)
+    return Error(weftInvalidArgument,
+                 "config was not initialised with WEFT_CONFIG_INITIALIZER (magic 0x%x)",
+                 config->magic);
+  if (config->size < offsetof(weftConfig_t, blocking) + sizeof(int))
+    return Error(weftInvalidArgument, "config->size %zu is too small", config->size);
+  // Fields beyond the caller's size are from a newer header: treat as unset.
+  auto has = [&](size_t offset, size_t bytes) { return config->size >= offset + bytes; };
+  if (has(offsetof(weftConfig_t, blocking), sizeof(int)) &&
+      config->blocking != WEFT_CONFIG_UNDEF_INT) {
+    if (config->blocking != 0 && config->blocking != 1)
+      return Error(weftInvalidArgument, "config->blocking must be 0 or 1, not %d",
+                   config->blocking);
+    out->blocking = config->blocking == 1;
+  }
+  if (has(offsetof(weftConfig_t, timeoutMs), sizeof(int)) &&
+      config->timeoutMs != WEFT_CONFIG_UNDEF_INT) {
+    if (config->timeoutMs <= 0)
+      return Error(weftInvalidArgument, "config->timeoutMs must be positive, not %d",
+                   config->timeoutMs);
+    out->timeout_ms = config->timeoutMs;
+  }
+  if (has(offsetof(weftConfig_t, commName), sizeof(const char*)) && config->commName != nullptr)
+    out->name = config->commName;
+  return Status::Ok();
+}
+
+Status check_out_pointer(const void* pointer, const char* name) {
+  if (pointer == nullptr) return Error(weftInvalidArgument, "%s is NULL", name);
+  return Status::Ok();
+}
+
+Status check_rank_args(int nranks, int rank) {
+  if (nranks < 1 || nranks > weft::kMaxRanks)
+    return Error(weftInvalidArgument, "nranks %d is out of range [1, %d]", nranks, weft::kMaxRanks);
+  if (rank < 0 || rank >= nranks)
+    return Error(weftInvalidArgument, "rank %d is out of range [0, %d)", rank, nranks);
+  return Status::Ok();
+}
+
+Status init_rank(weftComm_t* comm, int nranks, const weftUniqueId& id, int rank,
+                 const weftConfig_t* config) {
+  WEFT_RETURN_IF_ERROR(check_out_pointer(comm, "comm"));
+  *comm = nullptr;
+  WEFT_RETURN_IF_ERROR(check_rank_args(nranks, rank));
+  weft::CommConfig comm_config;
+  WEFT_RETURN_IF_ERROR(read_config(config, &comm_config));
+  weft::RootAddress root;
+  WEFT_RETURN_IF_ERROR(weft::decode_unique_id(id, &root));
+  std::unique_ptr<weft::Communicator> impl;
+  WEFT_RETURN_IF_ERROR(weft::Communicator::create(root, nranks, rank, comm_config, &impl));
+  *comm = weft::wrap_comm(std::move(impl));
+  return Status::Ok();
+}
+
+// Validates a point-to-point call and hands it to the group machinery.
+Status p2p(void* buffer, size_t count, weftDataType_t datatype, int peer, weftComm_t comm,
+           weftStream_t stream, bool is_send) {
+  weft::Communicator* impl = nullptr;
+  WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+  WEFT_RETURN_IF_ERROR(impl->usable());
+  size_t element = weft::dtype_size(datatype);
+  if (element == 0)
+    return Error(weftInvalidArgument, "datatype %d is not a valid weftDataType_t",
+                 static_cast<int>(datatype));
+  if (count > SIZE_MAX / element)
+    return Error(weftInvalidArgument, "count %zu of %s overflows the addressable size", count,
+                 weft::dtype_name(datatype));
+  if (buffer == nullptr && count > 0)
+    return Error(weftInvalidArgument, "%s is NULL with count %zu",
+                 is_send ? "sendbuff" : "recvbuff", count);
+  if (peer < 0 || peer >= impl->nranks())
+    return Error(weftInvalidArgument, "peer %d is out of range [0, %d)", peer, impl->nranks());
+  if (stream != nullptr)
+    return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
+  return weft::submit_p2p({impl, is_send, buffer, count * element, peer});
+}
+
+}  // namespace
+
+extern "C" {
+
+weftResult_t weftGetVersion(int* version) {
+  if (version == nullptr) return report(Error(weftInvalidArgument, "version is NULL"), __func__);
+  *version = WEFT_VERSION;
+  return weftSuccess;
+}
+
+const char* weftGetErrorString(weftResult_t result) {
+  return weft::result_string(result);
+}
+
+const char* weftGetLastError(weftComm_t) {
+  return weft::last_error();
+}
+
+weftResult_t weftGetUniqueId(weftUniqueId* unique_id) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(unique_id, "uniqueId"));
+    weft::RootAddress root;
+    WEFT_RETURN_IF_ERROR(weft::choose_interface_address(&root.address, nullptr));
+    WEFT_RETURN_IF_ERROR(weft::random_bytes(root.secret.data(), root.secret.size()));
+    WEFT_RETURN_IF_ERROR(weft::start_root(&root, weft::default_timeout_ms()));
+    return weft::encode_unique_id(root, unique_id);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommInitRank(weftComm_t* comm, int nranks, weftUniqueId comm_id, int rank) {
+  return report(init_rank(comm, nranks, comm_id, rank, nullptr), __func__);
+}
+
+weftResult_t weftCommInitRankConfig(weftComm_t* comm, int nranks, weftUniqueId comm_id, int rank,
+                                    weftConfig_t* config) {
+  return report(init_rank(comm, nranks, comm_id, rank, config), __func__);
+}
+
+weftResult_t weftCommInitFromEnv(weftComm_t* comm, weftConfig_t* config) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(comm, "comm"));
+    *comm = nullptr;
+    weft::CommConfig comm_config;
+    WEFT_RETURN_IF_ERROR(read_config(config, &comm_config));
+    weft::LaunchInfo launch;
+    WEFT_RETURN_IF_ERROR(weft::read_launch_env(&launch));
+    if (comm_config.timeout_ms <= 0) comm_config.timeout_ms = weft::default_timeout_ms();
+    if (launch.rank == 0) {
+      weft::RootAddress listen = launch.root;
+      WEFT_RETURN_IF_ERROR(weft::listen_address_for(launch.root.address, &listen.address));
+      WEFT_RETURN_IF_ERROR(weft::start_root(&listen, comm_config.timeout_ms));
+    }
+    std::unique_ptr<weft::Communicator> impl;
+    WEFT_RETURN_IF_ERROR(
+        weft::Communicator::create(launch.root, launch.nranks, launch.rank, comm_config, &impl));
+    *comm = weft::wrap_comm(std::move(impl));
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommSplit(weftComm_t comm, int color, int key, weftComm_t* newcomm,
+                           weftConfig_t* config) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(newcomm, "newcomm"));
+    *newcomm = nullptr;
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    if (color < 0 && color != WEFT_SPLIT_NOCOLOR)
+      return Error(weftInvalidArgument, "color %d is negative and not WEFT_SPLIT_NOCOLOR", color);
+    weft::CommConfig comm_config;
+    comm_config.blocking = impl->config().blocking;
+    WEFT_RETURN_IF_ERROR(read_config(config, &comm_config));
+    std::unique_ptr<weft::Communicator> child;
+    WEFT_RETURN_IF_ERROR(impl->split(color, key, comm_config, &child));
+    if (child) *newcomm = weft::wrap_comm(std::move(child));
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommCount(const weftComm_t comm, int* count) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(count, "count"));
+    *count = impl->nranks();
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommUserRank(const weftComm_t comm, int* rank) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(rank, "rank"));
+    *rank = impl->rank();
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommFinalize(weftComm_t comm) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    return impl->finalize();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommDestroy(weftComm_t comm) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    Status finalized = impl->finalize();
+    weft::retire_comm(comm);
+    return finalized;
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommAbort(weftComm_t comm) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    impl->abort();
+    weft::retire_comm(comm);
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* async_error) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(async_error, "asyncError"));
+    *async_error = impl->async_error();
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftSend(const void* sendbuff, size_t count, weftDataType_t datatype, int peer,
+                      weftComm_t comm, weftStream_t stream) {
+  return report_call(p2p(const_cast<void*>(sendbuff), count, datatype, peer, comm, stream, true),
+                     __func__);
+}
+
+weftResult_t weftRecv(void* recvbuff, size_t count, weftDataType_t datatype, int peer,
+                      weftComm_t comm, weftStream_t stream) {
+  return report_call(p2p(recvbuff, count, datatype, peer, comm, stream, false), __func__);
+}
+
+weftResult_t weftGroupStart(void) {
+  return report(weft::group_start(), __func__);
+}
+
+weftResult_t weftGroupEnd(void) {
+  return report(weft::group_end(), __func__);
+}
+
+weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    if (stream != nullptr)
+      return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
+    if (weft::in_group())
+      return Error(weftInvalidUsage, "weftBarrier cannot be called inside a group");
+    return impl->barrier();
+  };
+  return report_call(run(), __func__);
+}
+
+}  // extern "C"

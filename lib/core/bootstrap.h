@@ -1,0 +1,83 @@
+// Bootstrap: the rendezvous that turns N processes into a communicator.
+//
+// One process (the caller of weftGetUniqueId, or rank 0 under
+// weftCommInitFromEnv) runs a root: a thread with a TCP listener. Every rank
+// connects, presents the 128-bit secret from the unique id and its peer info,
+// and receives the table of all peers. The connection then stays open as the
+// communicator's control plane: the root serves allgathers (used by split) and,
+// when a rank's connection drops without a goodbye, tells every other rank,
+// so a dead peer becomes an error everywhere instead of a hang.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "core/socket.h"
+#include "weft/weft.h"
+
+namespace weft {
+
+using Secret = std::array<uint8_t, 16>;
+using Blob = std::vector<uint8_t>;
+
+// What a weftUniqueId carries.
+struct RootAddress {
+  SocketAddress address;
+  Secret secret{};
+};
+
+Status encode_unique_id(const RootAddress& root, weftUniqueId* id);
+Status decode_unique_id(const weftUniqueId& id, RootAddress* root);
+
+// Starts a root listening on `address` (port 0 picks one; the chosen port is
+// written back). It serves until every rank that joined has left, or the
+// join deadline passes. Roots still serving at process exit are waited for,
+// up to their timeout, so the last ranks can finish.
+Status start_root(RootAddress* root, int64_t timeout_ms);
+
+// The rank's side of the control plane.
+class Bootstrap {
+ public:
+  using FailureHandler = std::function<void(weftResult_t code, const std::string& message)>;
+
+  // Joins the root as `rank` of `nranks` presenting `info`; fills `table`
+  // with every rank's info. `on_failure` is called (from the control thread)
+  // when a peer dies or aborts, or the root is lost.
+  static Status join(const RootAddress& root, int rank, int nranks, const Blob& info,
+                     int64_t timeout_ms, FailureHandler on_failure, std::unique_ptr<Bootstrap>* out,
+                     std::vector<Blob>* table);
+  ~Bootstrap();
+
+  // Every rank contributes `data`; all receive all contributions, in rank order.
+  Status allgather(const Blob& data, std::vector<Blob>* out, Deadline deadline);
+
+  // Leaves the control plane: a goodbye (clean) or an abort notice, then close.
+  void leave(bool clean);
+
+ private:
+  Bootstrap() = default;
+  void control_loop();
+
+  Fd socket_;
+  Fd wake_read_, wake_write_;
+  std::thread control_thread_;
+  FailureHandler on_failure_;
+  int rank_ = -1;
+  uint64_t next_allgather_ = 0;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Blob> results_;
+  bool lost_ = false;
+  bool leaving_ = false;
+};
+
+}  // namespace weft

@@ -1,0 +1,333 @@
+#include "core/communicator.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "core/wire.h"
+
+namespace weft {
+
+namespace {
+
+uint64_t fnv1a(const std::string& text, uint64_t hash = 1469598103934665603ull) {
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+std::string hostname() {
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Hostname plus boot id: distinct containers on one kernel share a boot id
+// but not a hostname; a reused hostname on another machine has another boot id.
+uint64_t host_hash() {
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  return fnv1a(hostname() + "/" + boot_id);
+}
+
+Blob encode_peer(const PeerInfo& peer) {
+  WireWriter writer;
+  writer.put(peer.host_hash);
+  writer.put(peer.pid);
+  writer.put_string(peer.host);
+  writer.put_blob(peer.transport_address);
+  return std::move(writer.data());
+}
+
+bool decode_peer(const Blob& blob, PeerInfo* peer) {
+  WireReader reader(blob);
+  return reader.get(&peer->host_hash) && reader.get(&peer->pid) && reader.get_string(&peer->host) &&
+         reader.get_blob(&peer->transport_address);
+}
+
+}  // namespace
+
+Status Communicator::create(const RootAddress& root, int nranks, int rank, const CommConfig& config,
+                            std::unique_ptr<Communicator>* out) {
+  std::unique_ptr<Communicator> comm(new Communicator());
+  comm->rank_ = rank;
+  comm->nranks_ = nranks;
+  comm->config_ = config;
+  if (comm->config_.timeout_ms <= 0) comm->config_.timeout_ms = default_timeout_ms();
+  comm->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (comm->wake_fd_ < 0) return Error(weftSystemError, "eventfd failed: %s", strerror(errno));
+  set_log_rank(rank);
+
+  WEFT_RETURN_IF_ERROR(ucx::Transport::create(&comm->transport_));
+  PeerInfo self;
+  self.host_hash = host_hash();
+  self.host = hostname();
+  self.pid = getpid();
+  self.transport_address = comm->transport_->address();
+
+  Communicator* raw = comm.get();
+  std::vector<Blob> table;
+  WEFT_RETURN_IF_ERROR(Bootstrap::join(
+      root, rank, nranks, encode_peer(self), comm->config_.timeout_ms,
+      [raw](weftResult_t code, const std::string& message) { raw->fail(code, message); },
+      &comm->bootstrap_, &table));
+
+  comm->peers_.resize(nranks);
+  std::vector<Blob> addresses(nranks);
+  for (int peer = 0; peer < nranks; ++peer) {
+    if (!decode_peer(table[peer], &comm->peers_[peer]))
+      return Error(weftRemoteError, "malformed peer info for rank %d", peer);
+    addresses[peer] = comm->peers_[peer].transport_address;
+  }
+  comm->transport_->set_peers(std::move(addresses));
+  comm->p2p_send_sequence_.assign(nranks, 0);
+  comm->p2p_recv_sequence_.assign(nranks, 0);
+  WEFT_LOG(INFO, INIT, "communicator %s: rank %d of %d ready (timeout %lld ms)",
+           comm->config_.name.c_str(), rank, nranks,
+           static_cast<long long>(comm->config_.timeout_ms));
+  *out = std::move(comm);
+  return Status::Ok();
+}
+
+Communicator::~Communicator() {
+  // The bootstrap goes first: its control thread may still report failures.
+  bootstrap_.reset();
+  transport_.reset();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+Status Communicator::usable() const {
+  weftResult_t code = failed_code_.load(std::memory_order_acquire);
+  if (code == weftSuccess) {
+    if (finalized_)
+      return Error(weftInvalidUsage, "comm was finalized; only weftCommDestroy may follow");
+    return Status::Ok();
+  }
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return Status(code, "communicator failed earlier: " + failed_message_);
+}
+
+void Communicator::fail(weftResult_t code, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (failed_code_.load() != weftSuccess) return;
+    failed_message_ = message;
+    failed_code_.store(code, std::memory_order_release);
+  }
+  WEFT_LOG(WARN, INIT, "rank %d: communicator failed: %s", rank_, message.c_str());
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+Status Communicator::post_send(int peer, TagKind kind, uint32_t sequence, const void* data,
+                               size_t bytes, PendingOp* op) {
+  op->comm = this;
+  op->peer = peer;
+  op->is_send = true;
+  op->request = transport_->acquire();
+  return transport_->post_send(peer, make_tag(rank_, kind, sequence), data, bytes, op->request);
+}
+
+Status Communicator::post_recv(int peer, TagKind kind, uint32_t sequence, void* data, size_t bytes,
+                               PendingOp* op) {
+  op->comm = this;
+  op->peer = peer;
+  op->is_send = false;
+  op->request = transport_->acquire();
+  return transport_->post_recv(make_tag(peer, kind, sequence), data, bytes, op->request);
+}
+
+Status Communicator::barrier() {
+  WEFT_RETURN_IF_ERROR(usable());
+  // Dissemination: after round k every rank has heard, transitively, from 2^(k+1) ranks.
+  uint32_t base = barrier_sequence_++ * 32;
+  uint32_t round = 0;
+  for (int distance = 1; distance < nranks_; distance *= 2, ++round) {
+    PendingOp ops[2];
+    int to = (rank_ + distance) % nranks_;
+    int from = (rank_ - distance + nranks_) % nranks_;
+    Status posted = post_recv(from, TagKind::Barrier, base + round, nullptr, 0, &ops[0]);
+    if (posted.ok()) posted = post_send(to, TagKind::Barrier, base + round, nullptr, 0, &ops[1]);
+    Status waited = wait_all(ops);
+    WEFT_RETURN_IF_ERROR(posted);
+    WEFT_RETURN_IF_ERROR(waited);
+  }
+  return Status::Ok();
+}
+
+Status Communicator::split(int color, int key, const CommConfig& config,
+                           std::unique_ptr<Communicator>* out) {
+  WEFT_RETURN_IF_ERROR(usable());
+  Deadline deadline = deadline_after_ms(config_.timeout_ms);
+  WireWriter mine;
+  mine.put<int32_t>(color);
+  mine.put<int32_t>(key);
+  std::vector<Blob> all;
+  WEFT_RETURN_IF_ERROR(bootstrap_->allgather(mine.data(), &all, deadline));
+  struct Member {
+    int key, rank;
+  };
+  std::vector<Member> members;
+  for (int peer = 0; peer < nranks_; ++peer) {
+    WireReader reader(all[peer]);
+    int32_t peer_color = 0, peer_key = 0;
+    if (!reader.get(&peer_color) || !reader.get(&peer_key))
+      return Error(weftRemoteError, "malformed split request from rank %d", peer);
+    if (peer_color == color && color != WEFT_SPLIT_NOCOLOR) members.push_back({peer_key, peer});
+  }
+  std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
+    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+  });
+  bool leader = !members.empty() && members.front().rank == rank_;
+
+  // The leader of each color hosts the new communicator's root.
+  Blob id_blob;
+  if (leader) {
+    RootAddress root;
+    WEFT_RETURN_IF_ERROR(choose_interface_address(&root.address, nullptr));
+    WEFT_RETURN_IF_ERROR(random_bytes(root.secret.data(), root.secret.size()));
+    CommConfig child = config;
+    if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
+    WEFT_RETURN_IF_ERROR(start_root(&root, child.timeout_ms));
+    weftUniqueId id;
+    WEFT_RETURN_IF_ERROR(encode_unique_id(root, &id));
+    id_blob.assign(id.internal, id.internal + sizeof(id.internal));
+  }
+  WEFT_RETURN_IF_ERROR(bootstrap_->allgather(id_blob, &all, deadline));
+  if (members.empty()) {
+    out->reset();
+    return Status::Ok();
+  }
+  const Blob& leader_id = all[members.front().rank];
+  weftUniqueId id;
+  if (leader_id.size() != sizeof(id.internal))
+    return Error(weftRemoteError, "split: no unique id from the group's leader rank %d",
+                 members.front().rank);
+  memcpy(id.internal, leader_id.data(), sizeof(id.internal));
+  RootAddress root;
+  WEFT_RETURN_IF_ERROR(decode_unique_id(id, &root));
+  int new_rank = static_cast<int>(std::find_if(members.begin(), members.end(),
+                                               [&](const Member& m) { return m.rank == rank_; }) -
+                                  members.begin());
+  CommConfig child = config;
+  if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
+  if (child.name.empty()) child.name = config_.name + "/" + std::to_string(color);
+  return Communicator::create(root, static_cast<int>(members.size()), new_rank, child, out);
+}
+
+Status Communicator::finalize() {
+  if (!finalized_ && bootstrap_) bootstrap_->leave(true);
+  finalized_ = true;
+  return Status::Ok();
+}
+
+void Communicator::abort() {
+  fail(weftRemoteError, "rank " + std::to_string(rank_) + " aborted the communicator");
+  if (bootstrap_) bootstrap_->leave(false);
+  transport_->close_endpoints(true, 0);
+}
+
+// ------------------------------------------------------------------ waiting
+
+namespace {
+
+// How long a wait spins on progress before it sleeps on the event fds: long
+// enough to catch a quick reply, short enough not to steal an oversubscribed core.
+constexpr auto kSpinTime = std::chrono::microseconds(50);
+
+void release_all(std::span<PendingOp> ops, bool abandon) {
+  for (PendingOp& op : ops) {
+    if (op.request == nullptr) continue;
+    if (abandon)
+      op.comm->transport().abandon(op.request);
+    else
+      op.comm->transport().release(op.request);
+    op.request = nullptr;
+  }
+}
+
+}  // namespace
+
+Status wait_all(std::span<PendingOp> ops) {
+  std::vector<Communicator*> comms;
+  for (const PendingOp& op : ops)
+    if (op.request != nullptr && std::find(comms.begin(), comms.end(), op.comm) == comms.end())
+      comms.push_back(op.comm);
+  if (comms.empty()) return Status::Ok();
+  int64_t timeout_ms = comms.front()->timeout_ms();
+  for (Communicator* comm : comms) timeout_ms = std::min(timeout_ms, comm->timeout_ms());
+  Deadline deadline = deadline_after_ms(timeout_ms);
+  auto spin_until = Clock::now() + kSpinTime;
+  std::vector<pollfd> fds;
+
+  while (true) {
+    for (Communicator* comm : comms) comm->transport().progress();
+    bool all_done = true;
+    for (const PendingOp& op : ops) {
+      if (op.request != nullptr && !op.request->done.load(std::memory_order_acquire)) {
+        all_done = false;
+        break;
+      }
+    }
+    if (all_done) {
+      Status status = Status::Ok();
+      for (const PendingOp& op : ops) {
+        if (op.request == nullptr || !status.ok()) continue;
+        status = op.comm->transport().result(*op.request, op.peer);
+        if (status.ok() && !op.is_send && op.request->info.length != op.request->expected_bytes)
+          status =
+              Error(weftInvalidUsage,
+                    "rank %d sent %zu bytes where rank %d's receive expects %zu "
+                    "(mismatched counts or datatypes)",
+                    op.peer, op.request->info.length, op.comm->rank(), op.request->expected_bytes);
+        if (!status.ok()) op.comm->fail(status.code(), status.message());
+      }
+      release_all(ops, false);
+      return status;
+    }
+    for (Communicator* comm : comms) {
+      Status usable = comm->usable();
+      if (!usable.ok()) {
+        release_all(ops, true);
+        return usable;
+      }
+    }
+    Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      std::string waiting;
+      for (const PendingOp& op : ops)
+        if (op.request != nullptr && !op.request->done.load())
+          waiting += (waiting.empty() ? "" : ", ") +
+                     std::string(op.is_send ? "send to" : "receive from") + " rank " +
+                     std::to_string(op.peer);
+      Status status =
+          Error(weftTimeout, "rank %d: timed out after %lld ms waiting for %s",
+                comms.front()->rank(), static_cast<long long>(timeout_ms), waiting.c_str());
+      for (Communicator* comm : comms) comm->fail(status.code(), status.message());
+      release_all(ops, true);
+      return status;
+    }
+    if (now < spin_until) continue;
+
+    // Sleep until a transport has events or a communicator fails.
+    bool armed = true;
+    for (Communicator* comm : comms) armed = armed && comm->transport().arm();
+    if (!armed) continue;
+    fds.clear();
+    for (Communicator* comm : comms) {
+      fds.push_back({comm->transport().event_fd(), POLLIN, 0});
+      fds.push_back({comm->wake_fd(), POLLIN, 0});
+    }
+    // Bounded sleep: a missed wakeup costs at most this much latency, never a hang.
+    poll(fds.data(), fds.size(), remaining_ms(deadline, 100));
+    spin_until = Clock::now() + kSpinTime;
+  }
+}
+
+}  // namespace weft

@@ -1,0 +1,114 @@
+// The communicator: a set of ranks joined by the bootstrap, with a transport
+// to every peer, a failure state shared by all its operations, and the
+// sequence numbers that keep its messages apart.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "core/bootstrap.h"
+#include "transports/ucx/ucx_transport.h"
+
+namespace weft {
+
+struct CommConfig {
+  int64_t timeout_ms = 0;  // 0: WEFT_TIMEOUT_MS
+  bool blocking = true;
+  std::string name;
+};
+
+struct PeerInfo {
+  uint64_t host_hash = 0;  // hostname + boot id: ranks with equal hashes share a node
+  std::string host;
+  int32_t pid = 0;
+  Blob transport_address;
+};
+
+// Message kinds, so that P2P, barrier and collective traffic never match each other.
+enum class TagKind : uint8_t { PointToPoint = 1, Barrier = 2, Collective = 3 };
+
+// Tag layout: sender rank (24 bits) | kind (8 bits) | sequence (32 bits).
+inline uint64_t make_tag(int sender, TagKind kind, uint32_t sequence) {
+  return (static_cast<uint64_t>(sender) << 40) | (static_cast<uint64_t>(kind) << 32) | sequence;
+}
+inline constexpr int kMaxRanks = 1 << 24;
+
+class Communicator;
+
+// One posted send or receive, waited for by wait_all.
+struct PendingOp {
+  Communicator* comm = nullptr;
+  ucx::Request* request = nullptr;
+  int peer = -1;
+  bool is_send = false;
+};
+
+class Communicator {
+ public:
+  static Status create(const RootAddress& root, int nranks, int rank, const CommConfig& config,
+                       std::unique_ptr<Communicator>* out);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  int64_t timeout_ms() const { return config_.timeout_ms; }
+  const CommConfig& config() const { return config_; }
+  const std::vector<PeerInfo>& peers() const { return peers_; }
+
+  // Ok while the communicator can run operations; otherwise why not.
+  Status usable() const;
+  // weftSuccess, or the error that failed the communicator.
+  weftResult_t async_error() const { return failed_code_.load(std::memory_order_acquire); }
+  // Marks the communicator failed (first cause wins) and wakes every wait.
+  void fail(weftResult_t code, const std::string& message);
+
+  // Posts a send/receive of raw bytes with the next point-to-point tag for `peer`.
+  Status post_send(int peer, TagKind kind, uint32_t sequence, const void* data, size_t bytes,
+                   PendingOp* op);
+  Status post_recv(int peer, TagKind kind, uint32_t sequence, void* data, size_t bytes,
+                   PendingOp* op);
+  uint32_t next_p2p_send_sequence(int peer) { return p2p_send_sequence_[peer]++; }
+  uint32_t next_p2p_recv_sequence(int peer) { return p2p_recv_sequence_[peer]++; }
+
+  Status barrier();
+  Status split(int color, int key, const CommConfig& config, std::unique_ptr<Communicator>* out);
+  // Tells the peers this rank leaves on purpose.
+  Status finalize();
+  // Abandons everything in flight; peers are told this rank aborted.
+  void abort();
+
+  ucx::Transport& transport() { return *transport_; }
+  int wake_fd() const { return wake_fd_; }
+
+ private:
+  Communicator() = default;
+
+  int rank_ = 0;
+  int nranks_ = 0;
+  CommConfig config_;
+  std::vector<PeerInfo> peers_;
+  std::unique_ptr<ucx::Transport> transport_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<uint32_t> p2p_send_sequence_;
+  std::vector<uint32_t> p2p_recv_sequence_;
+  uint32_t barrier_sequence_ = 0;
+  int wake_fd_ = -1;  // eventfd: written when the communicator fails
+  std::atomic<weftResult_t> failed_code_{weftSuccess};
+  mutable std::mutex failure_mutex_;
+  std::string failed_message_;
+  bool finalized_ = false;
+};
+
+// Waits until every op completes, its communicator fails, or the deadline
+// of the strictest communicator passes; progresses every communicator
+// involved, spinning briefly and then sleeping on their event fds. On any
+// failure the unfinished ops are abandoned. Ops are released either way.
+Status wait_all(std::span<PendingOp> ops);
+
+}  // namespace weft

@@ -1,0 +1,176 @@
+// Point-to-point: exact contents for every dtype and size, groups that would
+// deadlock if posted one by one, self messages, barrier ordering.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "common/dtype.h"
+#include "support/multirank.h"
+#include "weft/weft.h"
+
+namespace weft::testing {
+namespace {
+
+// Bytes that differ per sender, dtype and position, so misplaced or stale data shows.
+std::vector<uint8_t> payload(int sender, weftDataType_t dtype, size_t count) {
+  std::vector<uint8_t> bytes(count * dtype_size(dtype));
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<uint8_t>(i * 31 + sender * 17 + static_cast<int>(dtype) * 5 + i / 251);
+  return bytes;
+}
+
+TEST(P2P, EveryDtypeAndCountArrivesExactly) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    ASSERT_NE(comm, nullptr);
+    for (int type = 0; type < weftNumTypes; ++type) {
+      auto dtype = static_cast<weftDataType_t>(type);
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{(1 << 20) + 3}}) {
+        for (int sender = 0; sender < 2; ++sender) {
+          std::vector<uint8_t> expected = payload(sender, dtype, count);
+          if (context.rank == sender) {
+            ASSERT_EQ(weftSend(expected.data(), count, dtype, 1 - sender, comm, nullptr),
+                      weftSuccess)
+                << weftGetLastError(comm);
+          } else {
+            std::vector<uint8_t> received(expected.size() + 1, 0xEE);
+            ASSERT_EQ(weftRecv(received.data(), count, dtype, sender, comm, nullptr), weftSuccess)
+                << weftGetLastError(comm);
+            EXPECT_EQ(received.back(), 0xEE) << "receive wrote past its buffer";
+            received.pop_back();
+            ASSERT_EQ(received, expected) << dtype_name(dtype) << " count " << count;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+TEST(P2P, SixtyFourMiBMessage) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    const size_t count = (64u << 20) / sizeof(float);
+    std::vector<uint8_t> expected = payload(0, weftFloat32, count);
+    if (context.rank == 0) {
+      ASSERT_EQ(weftSend(expected.data(), count, weftFloat32, 1, comm, nullptr), weftSuccess);
+    } else {
+      std::vector<uint8_t> received(expected.size());
+      ASSERT_EQ(weftRecv(received.data(), count, weftFloat32, 0, comm, nullptr), weftSuccess);
+      ASSERT_TRUE(received == expected);
+    }
+    weftCommDestroy(comm);
+  });
+}
+
+class GroupRing : public ::testing::TestWithParam<int> {};
+
+// Everyone sends right and receives left at once: blocking calls in this order
+// would deadlock for large messages; a group must not.
+TEST_P(GroupRing, ExchangeCompletes) {
+  run_ranks(GetParam(), [](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    int right = (context.rank + 1) % context.nranks;
+    int left = (context.rank + context.nranks - 1) % context.nranks;
+    for (size_t base : {size_t{1000}, size_t{1} << 20}) {
+      std::vector<uint8_t> outgoing = payload(context.rank, weftInt32, base + context.rank);
+      std::vector<uint8_t> expected = payload(left, weftInt32, base + left);
+      std::vector<uint8_t> incoming(expected.size());
+      ASSERT_EQ(weftGroupStart(), weftSuccess);
+      ASSERT_EQ(weftSend(outgoing.data(), base + context.rank, weftInt32, right, comm, nullptr),
+                weftSuccess);
+      ASSERT_EQ(weftRecv(incoming.data(), base + left, weftInt32, left, comm, nullptr),
+                weftSuccess);
+      ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+      ASSERT_TRUE(incoming == expected) << "from rank " << left;
+    }
+    weftCommDestroy(comm);
+  });
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, GroupRing, ::testing::Values(2, 3, 5, 8));
+
+TEST(P2P, SelfAndNestedGroupsAndBothDirections) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    int peer = 1 - context.rank;
+    const size_t count = 300000;
+    std::vector<uint8_t> to_self = payload(10 + context.rank, weftFloat64, count);
+    std::vector<uint8_t> to_peer = payload(context.rank, weftFloat64, count);
+    std::vector<uint8_t> from_self(to_self.size()), from_peer(to_peer.size());
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    ASSERT_EQ(weftRecv(from_self.data(), count, weftFloat64, context.rank, comm, nullptr),
+              weftSuccess);
+    ASSERT_EQ(weftGroupStart(), weftSuccess);  // nested: only the outer end launches
+    ASSERT_EQ(weftSend(to_peer.data(), count, weftFloat64, peer, comm, nullptr), weftSuccess);
+    ASSERT_EQ(weftSend(to_self.data(), count, weftFloat64, context.rank, comm, nullptr),
+              weftSuccess);
+    ASSERT_EQ(weftGroupEnd(), weftSuccess);
+    ASSERT_EQ(weftRecv(from_peer.data(), count, weftFloat64, peer, comm, nullptr), weftSuccess);
+    ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+    EXPECT_TRUE(from_self == to_self);
+    EXPECT_TRUE(from_peer == payload(peer, weftFloat64, count));
+    weftCommDestroy(comm);
+  });
+}
+
+TEST(P2P, MessagesToOnePeerArriveInOrder) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    const int kMessages = 50;
+    for (int i = 0; i < kMessages; ++i) {
+      int64_t value = context.rank == 0 ? i * 1000 + 7 : -1;
+      if (context.rank == 0) {
+        ASSERT_EQ(weftSend(&value, 1, weftInt64, 1, comm, nullptr), weftSuccess);
+      } else {
+        ASSERT_EQ(weftRecv(&value, 1, weftInt64, 0, comm, nullptr), weftSuccess);
+        ASSERT_EQ(value, i * 1000 + 7);
+      }
+    }
+    weftCommDestroy(comm);
+  });
+}
+
+TEST(P2P, ShortSendIsAMismatchError) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    std::vector<int32_t> buffer(100, 1);
+    if (context.rank == 0) {
+      EXPECT_EQ(weftSend(buffer.data(), 10, weftInt32, 1, comm, nullptr), weftSuccess);
+    } else {
+      EXPECT_EQ(weftRecv(buffer.data(), 100, weftInt32, 0, comm, nullptr), weftInvalidUsage);
+      EXPECT_NE(std::string(weftGetLastError(comm)).find("mismatched counts"), std::string::npos)
+          << weftGetLastError(comm);
+    }
+    weftCommDestroy(comm);
+  });
+}
+
+class BarrierRanks : public ::testing::TestWithParam<int> {};
+
+// No rank may leave round k before every rank has entered it.
+TEST_P(BarrierRanks, NobodyLeavesEarly) {
+  auto* arrivals =
+      static_cast<std::atomic<int>*>(mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                                          MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(arrivals, MAP_FAILED);
+  new (arrivals) std::atomic<int>(0);
+  run_ranks(GetParam(), [arrivals](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    for (int round = 1; round <= 20; ++round) {
+      arrivals->fetch_add(1);
+      ASSERT_EQ(weftBarrier(comm, nullptr), weftSuccess) << weftGetLastError(comm);
+      ASSERT_GE(arrivals->load(), round * context.nranks) << "left barrier " << round << " early";
+      // A second barrier keeps the next round's arrivals from racing this check.
+      ASSERT_EQ(weftBarrier(comm, nullptr), weftSuccess);
+    }
+    weftCommDestroy(comm);
+  });
+  munmap(arrivals, sizeof(std::atomic<int>));
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, BarrierRanks, ::testing::Values(1, 2, 3, 5, 8));
+
+}  // namespace
+}  // namespace weft::testing
