@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <list>
 
 #include "common/log.h"
@@ -69,6 +70,8 @@ class Root {
 
   void run();
   bool finished() const { return finished_.load(); }
+  // All ranks joined: then ranks depend on this root until they leave.
+  bool serving_ranks() const { return running_.load(); }
   void stop() {
     char byte = 1;
     (void)!write(wake_write_.get(), &byte, 1);
@@ -106,7 +109,7 @@ class Root {
   std::vector<std::string> labels_;  // "rank R (host:pid)" for messages
   int nranks_ = -1;
   int joined_ = 0;
-  bool running_ = false;  // all ranks joined and got the table
+  std::atomic<bool> running_{false};  // all ranks joined and got the table
   // Allgather contributions by sequence number.
   struct Gathering {
     std::vector<Blob> parts;
@@ -292,7 +295,7 @@ void Root::send_to_rank(int rank, uint32_t type, const std::vector<uint8_t>& pay
   Status status = send_frame(connection->fd.get(), type, payload.data(), payload.size(),
                              deadline_after_ms(timeout_ms_));
   if (!status.ok())
-    WEFT_LOG(WARN, BOOTSTRAP, "bootstrap root: cannot reach rank %d: %s", rank,
+    WEFT_LOG(INFO, BOOTSTRAP, "bootstrap root: cannot reach rank %d: %s", rank,
              status.message().c_str());
 }
 
@@ -328,15 +331,21 @@ class RootRegistry {
     std::lock_guard<std::mutex> lock(mutex_);
     reap_locked();
     Root* raw = root.get();
-    entries_.push_back({std::move(root), std::thread([raw] { raw->run(); })});
+    std::promise<void> finished;
+    std::future<void> done = finished.get_future();
+    std::thread thread([raw, finished = std::move(finished)]() mutable {
+      raw->run();
+      finished.set_value();
+    });
+    entries_.push_back({std::move(root), std::move(thread), std::move(done)});
   }
   ~RootRegistry() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (Entry& entry : entries_) {
-      // Give the remaining ranks their timeout to leave, then stop.
+      // Give ranks that joined their timeout to leave, then stop. A root
+      // nobody joined has no one depending on it.
       Deadline deadline = deadline_after_ms(entry.root->timeout_ms());
-      while (!entry.root->finished() && Clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (entry.root->serving_ranks()) entry.done.wait_until(deadline);
       entry.root->stop();
       entry.thread.join();
     }
@@ -346,6 +355,7 @@ class RootRegistry {
   struct Entry {
     std::unique_ptr<Root> root;
     std::thread thread;
+    std::future<void> done;
   };
   void reap_locked() {
     for (auto it = entries_.begin(); it != entries_.end();) {
@@ -469,6 +479,7 @@ Bootstrap::~Bootstrap() {
 }
 
 void Bootstrap::control_loop() {
+  set_log_rank(rank_);
   while (true) {
     pollfd fds[2] = {{socket_.get(), POLLIN, 0}, {wake_read_.get(), POLLIN, 0}};
     int ready = poll(fds, 2, -1);

@@ -42,7 +42,9 @@ bool read_all(int fd, void* data, size_t size) {
                              const RunOptions& options) {
   for (const auto& [name, value] : options.env) setenv(name, value, 1);
   RankContext context{rank, nranks, {}};
-  if (rank == 0) {
+  if (!options.make_unique_id) {
+    // Nothing to hand over.
+  } else if (rank == 0) {
     weftResult_t result = weftGetUniqueId(&context.id);
     if (result != weftSuccess) {
       fprintf(stderr, "rank 0: weftGetUniqueId failed: %s\n", weftGetLastError(nullptr));

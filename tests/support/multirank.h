@@ -28,6 +28,8 @@ struct RunOptions {
   std::vector<ExpectedEnd> expected;
   // The parent kills every child and fails the test after this long.
   int timeout_s = 90;
+  // Rank 0 makes a unique id for the others (off for tests that init from env).
+  bool make_unique_id = true;
   // Environment set in every child before the body runs.
   std::vector<std::pair<const char*, const char*>> env;
 };

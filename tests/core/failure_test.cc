@@ -1,0 +1,125 @@
+// A dead or stalled peer becomes an error on every other rank within the
+// communicator's timeout; abort always returns.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <vector>
+
+#include "support/multirank.h"
+#include "weft/weft.h"
+
+namespace weft::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+constexpr int kLongTimeoutMs = 60000;
+
+// Rank `victim` dies right after init; the others are blocked on it (a large
+// send and a receive) and must get a remote error long before the timeout.
+void killed_peer_scenario(int victim) {
+  RunOptions options;
+  options.expected.assign(3, ExpectedEnd{});
+  options.expected[victim].signal = SIGKILL;
+  run_ranks(
+      3,
+      [victim](const RankContext& context) {
+        weftComm_t comm = init_comm(context, kLongTimeoutMs);
+        ASSERT_EQ(weftBarrier(comm, nullptr), weftSuccess);
+        if (context.rank == victim) raise(SIGKILL);
+        std::vector<float> buffer((32u << 20) / sizeof(float), 1.0f);
+        auto start = Clock::now();
+        weftResult_t result =
+            (context.rank + 1) % 3 == victim
+                ? weftSend(buffer.data(), buffer.size(), weftFloat32, victim, comm, nullptr)
+                : weftRecv(buffer.data(), buffer.size(), weftFloat32, victim, comm, nullptr);
+        EXPECT_EQ(result, weftRemoteError) << weftGetLastError(comm);
+        EXPECT_LT(seconds_since(start), kLongTimeoutMs / 1000.0 / 4) << "took too long to notice";
+        weftResult_t async_error = weftSuccess;
+        EXPECT_EQ(weftCommGetAsyncError(comm, &async_error), weftSuccess);
+        EXPECT_EQ(async_error, weftRemoteError);
+        // The communicator stays failed.
+        EXPECT_EQ(weftBarrier(comm, nullptr), weftRemoteError);
+        start = Clock::now();
+        EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+        EXPECT_LT(seconds_since(start), 5.0) << "abort did not return promptly";
+      },
+      options);
+}
+
+TEST(Failure, KilledPeerIsARemoteErrorEverywhere) {
+  killed_peer_scenario(1);
+}
+
+TEST(Failure, KilledRootHostIsARemoteErrorEverywhere) {
+  killed_peer_scenario(0);
+}
+
+TEST(Failure, StalledPeerIsATimeout) {
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  run_ranks(2, [&release](const RankContext& context) {
+    const int kTimeoutMs = 1500;
+    weftComm_t comm = init_comm(context, kTimeoutMs);
+    if (context.rank == 1) {
+      // Alive but silent until rank 0 has given up on it.
+      char byte = 0;
+      EXPECT_EQ(read(release[0], &byte, 1), 1);
+      EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+      return;
+    }
+    int value = 0;
+    auto start = Clock::now();
+    EXPECT_EQ(weftRecv(&value, 1, weftInt32, 1, comm, nullptr), weftTimeout);
+    double waited = seconds_since(start);
+    EXPECT_GE(waited, kTimeoutMs / 1000.0 * 0.9);
+    EXPECT_LT(waited, kTimeoutMs / 1000.0 + 5.0);
+    EXPECT_NE(std::string(weftGetLastError(comm)).find("receive from rank 1"), std::string::npos)
+        << weftGetLastError(comm);
+    EXPECT_EQ(write(release[1], "x", 1), 1);
+    EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+  });
+  close(release[0]);
+  close(release[1]);
+}
+
+TEST(Failure, AbortedPeerIsARemoteErrorForOthers) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, kLongTimeoutMs);
+    ASSERT_EQ(weftBarrier(comm, nullptr), weftSuccess);
+    if (context.rank == 1) {
+      EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+      return;
+    }
+    int value = 0;
+    auto start = Clock::now();
+    EXPECT_EQ(weftRecv(&value, 1, weftInt32, 1, comm, nullptr), weftRemoteError);
+    EXPECT_NE(std::string(weftGetLastError(comm)).find("aborted"), std::string::npos)
+        << weftGetLastError(comm);
+    EXPECT_LT(seconds_since(start), 10.0);
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+TEST(Failure, InitWithMissingRanksTimesOut) {
+  run_ranks(2, [](const RankContext& context) {
+    if (context.rank == 1) return;  // never joins
+    weftComm_t comm = nullptr;
+    weftConfig_t config = WEFT_CONFIG_INITIALIZER;
+    config.timeoutMs = 1000;
+    auto start = Clock::now();
+    weftResult_t result = weftCommInitRankConfig(&comm, 2, context.id, 0, &config);
+    EXPECT_TRUE(result == weftTimeout || result == weftRemoteError) << result;
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_LT(seconds_since(start), 8.0);
+  });
+}
+
+}  // namespace
+}  // namespace weft::testing
