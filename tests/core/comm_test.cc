@@ -190,7 +190,7 @@ void attack_root(const weftUniqueId& id, int* silent_fd) {
   std::vector<std::vector<uint8_t>> messages;
   // A well-formed hello frame with a wrong secret.
   std::vector<uint8_t> wrong_secret = {0x42, 0x54, 0x46, 0x57, 1, 0, 0, 0, 40, 0, 0, 0, 0, 0, 0, 0};
-  wrong_secret.insert(wrong_secret.end(), {1, 0, 0, 0});  // the protocol version
+  for (uint8_t byte : {1, 0, 0, 0}) wrong_secret.push_back(byte);  // the protocol version
   wrong_secret.resize(16 + 40, 0xAB);
   messages.push_back(wrong_secret);
   messages.push_back(std::vector<uint8_t>(4096, 0x5A));  // garbage
