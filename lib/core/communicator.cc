@@ -125,7 +125,7 @@ void Communicator::fail(weftResult_t code, const std::string& message) {
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
-Status Communicator::post_send(int peer, TagKind kind, uint32_t sequence, const void* data,
+Status Communicator::post_send(int peer, TagKind kind, uint64_t sequence, const void* data,
                                size_t bytes, PendingOp* op) {
   op->comm = this;
   op->peer = peer;
@@ -134,7 +134,7 @@ Status Communicator::post_send(int peer, TagKind kind, uint32_t sequence, const 
   return transport_->post_send(peer, make_tag(rank_, kind, sequence), data, bytes, op->request);
 }
 
-Status Communicator::post_recv(int peer, TagKind kind, uint32_t sequence, void* data, size_t bytes,
+Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, void* data, size_t bytes,
                                PendingOp* op) {
   op->comm = this;
   op->peer = peer;
@@ -237,10 +237,6 @@ void Communicator::abort() {
 
 namespace {
 
-// How long a wait spins on progress before it sleeps on the event fds: long
-// enough to catch a quick reply, short enough not to steal an oversubscribed core.
-constexpr auto kSpinTime = std::chrono::microseconds(50);
-
 void release_all(std::span<PendingOp> ops, bool abandon) {
   for (PendingOp& op : ops) {
     if (op.request == nullptr) continue;
@@ -252,7 +248,51 @@ void release_all(std::span<PendingOp> ops, bool abandon) {
   }
 }
 
+bool all_done(std::span<const PendingOp> ops) {
+  for (const PendingOp& op : ops)
+    if (op.request != nullptr && !op.request->done.load(std::memory_order_acquire)) return false;
+  return true;
+}
+
 }  // namespace
+
+Status complete_status(const PendingOp& op) {
+  Status status = op.comm->transport().result(*op.request, op.peer);
+  if (status.ok() && !op.is_send && op.request->info.length != op.request->expected_bytes)
+    status = Error(weftInvalidUsage,
+                   "rank %d sent %zu bytes where rank %d's receive expects %zu (mismatched "
+                   "counts or datatypes)",
+                   op.peer, op.request->info.length, op.comm->rank(), op.request->expected_bytes);
+  if (!status.ok()) op.comm->fail(status.code(), status.message());
+  return status;
+}
+
+Status ProgressLoop::poll() {
+  for (Communicator* comm : comms_) comm->transport().progress();
+  for (Communicator* comm : comms_) WEFT_RETURN_IF_ERROR(comm->usable());
+  return Status::Ok();
+}
+
+void ProgressLoop::idle(Deadline deadline) {
+  if (Clock::now() < spin_until_) return;
+  for (Communicator* comm : comms_)
+    if (!comm->transport().arm()) return;  // events pending: progress again
+  fds_.clear();
+  for (Communicator* comm : comms_) {
+    fds_.push_back({comm->transport().event_fd(), POLLIN, 0});
+    fds_.push_back({comm->wake_fd(), POLLIN, 0});
+  }
+  // Bounded sleep: a missed wakeup costs at most this much latency, never a hang.
+  ::poll(fds_.data(), fds_.size(), remaining_ms(deadline, 100));
+  spin_until_ = Clock::now() + kSpinTime;
+}
+
+Status ProgressLoop::timeout(int64_t timeout_ms, const std::string& what) {
+  Status status = Error(weftTimeout, "rank %d: timed out after %lld ms waiting for %s",
+                        comms_.front()->rank(), static_cast<long long>(timeout_ms), what.c_str());
+  for (Communicator* comm : comms_) comm->fail(status.code(), status.message());
+  return status;
+}
 
 Status wait_all(std::span<PendingOp> ops) {
   std::vector<Communicator*> comms;
@@ -263,71 +303,32 @@ Status wait_all(std::span<PendingOp> ops) {
   int64_t timeout_ms = comms.front()->timeout_ms();
   for (Communicator* comm : comms) timeout_ms = std::min(timeout_ms, comm->timeout_ms());
   Deadline deadline = deadline_after_ms(timeout_ms);
-  auto spin_until = Clock::now() + kSpinTime;
-  std::vector<pollfd> fds;
-
-  while (true) {
-    for (Communicator* comm : comms) comm->transport().progress();
-    bool all_done = true;
-    for (const PendingOp& op : ops) {
-      if (op.request != nullptr && !op.request->done.load(std::memory_order_acquire)) {
-        all_done = false;
-        break;
-      }
-    }
-    if (all_done) {
-      Status status = Status::Ok();
-      for (const PendingOp& op : ops) {
-        if (op.request == nullptr || !status.ok()) continue;
-        status = op.comm->transport().result(*op.request, op.peer);
-        if (status.ok() && !op.is_send && op.request->info.length != op.request->expected_bytes)
-          status =
-              Error(weftInvalidUsage,
-                    "rank %d sent %zu bytes where rank %d's receive expects %zu "
-                    "(mismatched counts or datatypes)",
-                    op.peer, op.request->info.length, op.comm->rank(), op.request->expected_bytes);
-        if (!status.ok()) op.comm->fail(status.code(), status.message());
-      }
-      release_all(ops, false);
-      return status;
-    }
-    for (Communicator* comm : comms) {
-      Status usable = comm->usable();
-      if (!usable.ok()) {
-        release_all(ops, true);
-        return usable;
-      }
-    }
-    Clock::time_point now = Clock::now();
-    if (now >= deadline) {
+  ProgressLoop loop(comms);
+  while (!all_done(ops)) {
+    Status status = loop.poll();
+    if (status.ok() && all_done(ops)) break;
+    if (status.ok() && Clock::now() >= deadline) {
       std::string waiting;
       for (const PendingOp& op : ops)
         if (op.request != nullptr && !op.request->done.load())
           waiting += (waiting.empty() ? "" : ", ") +
                      std::string(op.is_send ? "send to" : "receive from") + " rank " +
                      std::to_string(op.peer);
-      Status status =
-          Error(weftTimeout, "rank %d: timed out after %lld ms waiting for %s",
-                comms.front()->rank(), static_cast<long long>(timeout_ms), waiting.c_str());
-      for (Communicator* comm : comms) comm->fail(status.code(), status.message());
+      status = loop.timeout(timeout_ms, waiting);
+    }
+    if (!status.ok()) {
       release_all(ops, true);
       return status;
     }
-    if (now < spin_until) continue;
-
-    // Sleep until a transport has events or a communicator fails.
-    bool armed = true;
-    for (Communicator* comm : comms) armed = armed && comm->transport().arm();
-    if (!armed) continue;
-    fds.clear();
-    for (Communicator* comm : comms) {
-      fds.push_back({comm->transport().event_fd(), POLLIN, 0});
-      fds.push_back({comm->wake_fd(), POLLIN, 0});
-    }
-    // Bounded sleep: a missed wakeup costs at most this much latency, never a hang.
-    poll(fds.data(), fds.size(), remaining_ms(deadline, 100));
-    spin_until = Clock::now() + kSpinTime;
+    loop.idle(deadline);
   }
+  Status status = Status::Ok();
+  for (const PendingOp& op : ops) {
+    if (op.request == nullptr || !status.ok()) continue;
+    status = complete_status(op);
+  }
+  release_all(ops, false);
+  return status;
 }
 
 }  // namespace weft

@@ -3,7 +3,10 @@
 // sequence numbers that keep its messages apart.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -33,9 +36,11 @@ struct PeerInfo {
 // Message kinds, so that P2P, barrier and collective traffic never match each other.
 enum class TagKind : uint8_t { PointToPoint = 1, Barrier = 2, Collective = 3 };
 
-// Tag layout: sender rank (24 bits) | kind (8 bits) | sequence (32 bits).
-inline uint64_t make_tag(int sender, TagKind kind, uint32_t sequence) {
-  return (static_cast<uint64_t>(sender) << 40) | (static_cast<uint64_t>(kind) << 32) | sequence;
+// Tag layout: sender rank (24 bits) | kind (4 bits) | sequence (36 bits).
+inline constexpr int kTagSequenceBits = 36;
+inline uint64_t make_tag(int sender, TagKind kind, uint64_t sequence) {
+  return (static_cast<uint64_t>(sender) << 40) | (static_cast<uint64_t>(kind) << kTagSequenceBits) |
+         (sequence & ((uint64_t{1} << kTagSequenceBits) - 1));
 }
 inline constexpr int kMaxRanks = 1 << 24;
 
@@ -69,9 +74,9 @@ class Communicator {
   void fail(weftResult_t code, const std::string& message);
 
   // Posts a send/receive of raw bytes with the next point-to-point tag for `peer`.
-  Status post_send(int peer, TagKind kind, uint32_t sequence, const void* data, size_t bytes,
+  Status post_send(int peer, TagKind kind, uint64_t sequence, const void* data, size_t bytes,
                    PendingOp* op);
-  Status post_recv(int peer, TagKind kind, uint32_t sequence, void* data, size_t bytes,
+  Status post_recv(int peer, TagKind kind, uint64_t sequence, void* data, size_t bytes,
                    PendingOp* op);
   uint32_t next_p2p_send_sequence(int peer) { return p2p_send_sequence_[peer]++; }
   uint32_t next_p2p_recv_sequence(int peer) { return p2p_recv_sequence_[peer]++; }
@@ -105,10 +110,34 @@ class Communicator {
   bool finalized_ = false;
 };
 
+// The engine of every wait: progresses the communicators' transports,
+// reports their failures, and when nothing is ready spins briefly and then
+// sleeps on their event fds, so an idle rank costs no CPU.
+class ProgressLoop {
+ public:
+  explicit ProgressLoop(std::span<Communicator* const> comms) : comms_(comms) {}
+  // Progresses every transport; an error if a communicator has failed.
+  Status poll();
+  // Nothing was ready: keep spinning for a short while, then sleep until an
+  // event, a failure or (at most) the deadline.
+  void idle(Deadline deadline);
+  // Marks every communicator failed with a timeout naming `what`.
+  Status timeout(int64_t timeout_ms, const std::string& what);
+
+ private:
+  std::span<Communicator* const> comms_;
+  Clock::time_point spin_until_ = Clock::now() + kSpinTime;
+  std::vector<struct pollfd> fds_;
+  static constexpr auto kSpinTime = std::chrono::microseconds(50);
+};
+
 // Waits until every op completes, its communicator fails, or the deadline
 // of the strictest communicator passes; progresses every communicator
 // involved, spinning briefly and then sleeping on their event fds. On any
 // failure the unfinished ops are abandoned. Ops are released either way.
 Status wait_all(std::span<PendingOp> ops);
+// The outcome of a completed op (transfer errors, size mismatches); a
+// failure also fails its communicator.
+Status complete_status(const PendingOp& op);
 
 }  // namespace weft
