@@ -66,6 +66,9 @@ class Root {
       wake_write_.reset(pipe_fds[1]);
     }
     join_deadline_ = deadline_after_ms(timeout_ms);
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    own_label_ = std::string(host) + ":" + std::to_string(getpid());
   }
 
   void run();
@@ -73,8 +76,14 @@ class Root {
   // All ranks joined: then ranks depend on this root until they leave.
   bool serving_ranks() const { return running_.load(); }
   void stop() {
-    char byte = 1;
-    (void)!write(wake_write_.get(), &byte, 1);
+    stopping_ = true;
+    wake();
+  }
+  // The hosting process is exiting: its own ranks are leaving with it, so
+  // serve only until no rank of another process remains.
+  void host_exiting() {
+    host_exiting_ = true;
+    wake();
   }
   int64_t timeout_ms() const { return timeout_ms_; }
 
@@ -82,7 +91,8 @@ class Root {
   struct Connection {
     Fd fd;
     std::vector<uint8_t> input;
-    int rank = -1;  // -1 until a valid hello
+    std::string label;  // "host:pid" the rank gave
+    int rank = -1;      // -1 until a valid hello
     Deadline hello_deadline;
     bool left = false;
   };
@@ -99,7 +109,16 @@ class Root {
   void send_table();
 
   Fd listener_;
+  void wake() {
+    char byte = 1;
+    (void)!write(wake_write_.get(), &byte, 1);
+  }
+  bool only_local_ranks_left() const;
+
   Fd wake_read_, wake_write_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> host_exiting_{false};
+  std::string own_label_;  // "host:pid" of this process, as ranks label themselves
   Secret secret_;
   int64_t timeout_ms_;
   Deadline join_deadline_;
@@ -121,7 +140,7 @@ class Root {
 
 void Root::run() {
   while (true) {
-    if (running_ && connections_.empty()) break;
+    if (running_ && (connections_.empty() || (host_exiting_ && only_local_ranks_left()))) break;
     if (!running_ && Clock::now() >= join_deadline_) {
       std::string message = "bootstrap root: only " + std::to_string(joined_) + " of " +
                             std::to_string(nranks_) + " ranks joined within " +
@@ -146,7 +165,12 @@ void Root::run() {
     }
     int ready = poll(fds.data(), fds.size(), remaining_ms(next_deadline, 60000));
     if (ready < 0 && errno != EINTR) break;
-    if (fds[0].revents & POLLIN) break;  // asked to stop
+    if (fds[0].revents & POLLIN) {
+      char drain[64];
+      (void)!read(wake_read_.get(), drain, sizeof(drain));
+      if (stopping_) break;
+      continue;  // re-evaluate the exit condition
+    }
     if (listener_.valid() && (fds[1].revents & POLLIN)) accept_connections();
     size_t index = first_connection;
     for (auto it = connections_.begin(); it != connections_.end() && index < fds.size(); ++index) {
@@ -158,10 +182,16 @@ void Root::run() {
       }
     }
   }
-  WEFT_LOG(INFO, BOOTSTRAP, "bootstrap root on port finished (%d ranks)", nranks_);
-  connections_.clear();
+  WEFT_LOG(INFO, BOOTSTRAP, "bootstrap root finished (%d ranks)", nranks_);
+  while (!connections_.empty()) drop(connections_.begin(), "its process exited");
   listener_.reset();
   finished_ = true;
+}
+
+bool Root::only_local_ranks_left() const {
+  for (const Connection& connection : connections_)
+    if (connection.rank >= 0 && connection.label != own_label_) return false;
+  return true;
 }
 
 void Root::accept_connections() {
@@ -238,6 +268,7 @@ bool Root::handle_hello(Connection& connection, const std::vector<uint8_t>& payl
   by_rank_[rank] = &connection;
   infos_[rank] = std::move(info);
   labels_[rank] = "rank " + std::to_string(rank) + " (" + label + ")";
+  connection.label = label;
   if (++joined_ == nranks_) send_table();
   return true;
 }
@@ -345,6 +376,7 @@ class RootRegistry {
       // Give ranks that joined their timeout to leave, then stop. A root
       // nobody joined has no one depending on it.
       Deadline deadline = deadline_after_ms(entry.root->timeout_ms());
+      entry.root->host_exiting();
       if (entry.root->serving_ranks()) entry.done.wait_until(deadline);
       entry.root->stop();
       entry.thread.join();

@@ -21,6 +21,20 @@ double seconds_since(Clock::time_point start) {
 
 constexpr int kLongTimeoutMs = 60000;
 
+// Every rank but `target` sends it a token; `target` returns once it has them all.
+void wait_for_tokens_then(weftComm_t comm, const RankContext& context, int target) {
+  int token = 0;
+  if (context.rank != target) {
+    ASSERT_EQ(weftSend(&token, 1, weftInt32, target, comm, nullptr), weftSuccess);
+    return;
+  }
+  for (int peer = 0; peer < context.nranks; ++peer) {
+    if (peer != target) {
+      ASSERT_EQ(weftRecv(&token, 1, weftInt32, peer, comm, nullptr), weftSuccess);
+    }
+  }
+}
+
 // Rank `victim` dies right after init; the others are blocked on it (a large
 // send and a receive) and must get a remote error long before the timeout.
 void killed_peer_scenario(int victim) {
@@ -31,7 +45,9 @@ void killed_peer_scenario(int victim) {
       3,
       [victim](const RankContext& context) {
         weftComm_t comm = init_comm(context, kLongTimeoutMs);
-        ASSERT_EQ(weftBarrier(comm, nullptr), weftSuccess);
+        // The victim dies once every other rank has told it that it is about to
+        // block on it (a barrier would not do: peers may still be inside it).
+        wait_for_tokens_then(comm, context, victim);
         if (context.rank == victim) raise(SIGKILL);
         std::vector<float> buffer((32u << 20) / sizeof(float), 1.0f);
         auto start = Clock::now();
@@ -92,7 +108,8 @@ TEST(Failure, StalledPeerIsATimeout) {
 TEST(Failure, AbortedPeerIsARemoteErrorForOthers) {
   run_ranks(2, [](const RankContext& context) {
     weftComm_t comm = init_comm(context, kLongTimeoutMs);
-    ASSERT_EQ(weftBarrier(comm, nullptr), weftSuccess);
+    // Rank 1 aborts once rank 0 has told it that it is about to block on it.
+    wait_for_tokens_then(comm, context, 1);
     if (context.rank == 1) {
       EXPECT_EQ(weftCommAbort(comm), weftSuccess);
       return;
