@@ -100,12 +100,15 @@ typedef struct {
   int blocking;         /* 1 (default): calls complete before they return */
   int timeoutMs;        /* bound on every wait; default WEFT_TIMEOUT_MS */
   const char* commName; /* shown in log lines */
+  /* Forced algorithms, "collective:algorithm[,...]" as WEFT_ALGO (which it
+   * overrides), e.g. "allreduce:ring,allgather:bruck". */
+  const char* algorithms;
 } weftConfig_t;
 
 #define WEFT_CONFIG_INITIALIZER                                                   \
   {                                                                               \
     sizeof(weftConfig_t), WEFT_CONFIG_MAGIC, WEFT_VERSION, WEFT_CONFIG_UNDEF_INT, \
-        WEFT_CONFIG_UNDEF_INT, WEFT_CONFIG_UNDEF_PTR                              \
+        WEFT_CONFIG_UNDEF_INT, WEFT_CONFIG_UNDEF_PTR, WEFT_CONFIG_UNDEF_PTR       \
   }
 
 /* Version as WEFT_VERSION_CODE(major, minor, patch). */
@@ -146,6 +149,51 @@ WEFT_API weftResult_t weftRecv(void* recvbuff, size_t count, weftDataType_t data
 WEFT_API weftResult_t weftGroupStart(void);
 WEFT_API weftResult_t weftGroupEnd(void);
 WEFT_API weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream);
+
+/* Collectives. Counts are in elements, as in NCCL: AllReduce/Broadcast/Reduce
+ * the whole vector; ReduceScatter the per-rank result (input is nranks times
+ * larger); AllGather the per-rank input (output nranks times larger);
+ * AllToAll/Gather/Scatter the piece exchanged with each rank. In-place calls
+ * follow NCCL's layouts (e.g. AllGather sendbuff == recvbuff + rank*count). */
+WEFT_API weftResult_t weftAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                    weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
+                                    weftStream_t stream);
+WEFT_API weftResult_t weftReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                        weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
+                                        weftStream_t stream);
+WEFT_API weftResult_t weftAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                    weftDataType_t datatype, weftComm_t comm, weftStream_t stream);
+WEFT_API weftResult_t weftBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                    weftDataType_t datatype, int root, weftComm_t comm,
+                                    weftStream_t stream);
+/* In-place broadcast of buff (NCCL's legacy ncclBcast). */
+WEFT_API weftResult_t weftBcast(void* buff, size_t count, weftDataType_t datatype, int root,
+                                weftComm_t comm, weftStream_t stream);
+WEFT_API weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 weftDataType_t datatype, weftRedOp_t op, int root,
+                                 weftComm_t comm, weftStream_t stream);
+WEFT_API weftResult_t weftAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                                   weftDataType_t datatype, weftComm_t comm, weftStream_t stream);
+/* Per-peer counts and displacements, in elements. */
+WEFT_API weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[],
+                                    const size_t sdispls[], void* recvbuff,
+                                    const size_t recvcounts[], const size_t rdispls[],
+                                    weftDataType_t datatype, weftComm_t comm,
+                                    weftStream_t stream);
+WEFT_API weftResult_t weftGather(const void* sendbuff, void* recvbuff, size_t count,
+                                 weftDataType_t datatype, int root, weftComm_t comm,
+                                 weftStream_t stream);
+WEFT_API weftResult_t weftScatter(const void* sendbuff, void* recvbuff, size_t count,
+                                  weftDataType_t datatype, int root, weftComm_t comm,
+                                  weftStream_t stream);
+
+/* Pre-multiplied sum: every rank's input is multiplied by *scalar (one value
+ * of datatype) before summing. Values equal ncclScalarResidence_t. */
+typedef enum { weftScalarDevice = 0, weftScalarHostImmediate = 1 } weftScalarResidence_t;
+WEFT_API weftResult_t weftRedOpCreatePreMulSum(weftRedOp_t* op, void* scalar,
+                                               weftDataType_t datatype,
+                                               weftScalarResidence_t residence, weftComm_t comm);
+WEFT_API weftResult_t weftRedOpDestroy(weftRedOp_t op, weftComm_t comm);
 
 #ifdef __cplusplus
 }

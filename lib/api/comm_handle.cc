@@ -1,6 +1,8 @@
 #include "api/comm_handle.h"
 
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 struct weftComm {
   uint64_t magic;
@@ -30,6 +32,11 @@ Status resolve_comm(weftComm_t comm, Communicator** out) {
 void retire_comm(weftComm_t comm) {
   comm->magic = kRetiredMagic;
   comm->impl.reset();
+  // Retired handles stay allocated (and reachable) for the process's life.
+  static std::mutex mutex;
+  static std::vector<weftComm_t>* retired = new std::vector<weftComm_t>();
+  std::lock_guard<std::mutex> lock(mutex);
+  retired->push_back(comm);
 }
 
 }  // namespace weft

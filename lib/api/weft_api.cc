@@ -12,6 +12,7 @@
 #include "core/bootstrap.h"
 #include "core/communicator.h"
 #include "core/env_launch.h"
+#include "core/collectives.h"
 #include "core/group.h"
 #include "weft/weft.h"
 
@@ -61,6 +62,9 @@ Status read_config(const weftConfig_t* config, weft::CommConfig* out) {
   }
   if (has(offsetof(weftConfig_t, commName), sizeof(const char*)) && config->commName != nullptr)
     out->name = config->commName;
+  if (has(offsetof(weftConfig_t, algorithms), sizeof(const char*)) &&
+      config->algorithms != nullptr)
+    out->algorithms = config->algorithms;
   return Status::Ok();
 }
 
@@ -113,6 +117,29 @@ Status p2p(void* buffer, size_t count, weftDataType_t datatype, int peer, weftCo
   if (stream != nullptr)
     return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
   return weft::submit_p2p({impl, is_send, buffer, count * element, peer});
+}
+
+using Coll = weft::algo::Collective;
+
+Status run_collective(const weft::CollectiveCall& call, weftComm_t comm, weftStream_t stream) {
+  weft::Communicator* impl = nullptr;
+  WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+  if (stream != nullptr)
+    return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
+  return weft::submit_collective(*impl, call);
+}
+
+Status collective(Coll kind, const void* send, void* recv, size_t count, weftDataType_t dtype,
+                  weftRedOp_t op, int root, weftComm_t comm, weftStream_t stream) {
+  weft::CollectiveCall call;
+  call.collective = kind;
+  call.send = send;
+  call.recv = recv;
+  call.count = count;
+  call.dtype = dtype;
+  call.op = op;
+  call.root = root;
+  return run_collective(call, comm, stream);
 }
 
 }  // namespace
@@ -286,11 +313,131 @@ weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream) {
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
     if (stream != nullptr)
       return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
-    if (weft::in_group())
-      return Error(weftInvalidUsage, "weftBarrier cannot be called inside a group");
-    return impl->barrier();
+    weft::CollectiveCall call;
+    call.collective = weft::algo::Collective::Barrier;
+    return weft::submit_collective(*impl, call);
   };
   return report_call(run(), __func__);
+}
+
+weftResult_t weftAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
+                           weftStream_t stream) {
+  return report_call(collective(Coll::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm,
+                                stream),
+                     __func__);
+}
+
+weftResult_t weftReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
+                               weftStream_t stream) {
+  return report_call(collective(Coll::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op,
+                                0, comm, stream),
+                     __func__);
+}
+
+weftResult_t weftAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
+  return report_call(collective(Coll::AllGather, sendbuff, recvbuff, sendcount, datatype, weftSum,
+                                0, comm, stream),
+                     __func__);
+}
+
+weftResult_t weftBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           weftDataType_t datatype, int root, weftComm_t comm,
+                           weftStream_t stream) {
+  return report_call(collective(Coll::Broadcast, sendbuff, recvbuff, count, datatype, weftSum,
+                                root, comm, stream),
+                     __func__);
+}
+
+weftResult_t weftBcast(void* buff, size_t count, weftDataType_t datatype, int root,
+                       weftComm_t comm, weftStream_t stream) {
+  return report_call(
+      collective(Coll::Broadcast, buff, buff, count, datatype, weftSum, root, comm, stream),
+      __func__);
+}
+
+weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        weftDataType_t datatype, weftRedOp_t op, int root, weftComm_t comm,
+                        weftStream_t stream) {
+  return report_call(
+      collective(Coll::Reduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream),
+      __func__);
+}
+
+weftResult_t weftAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                          weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
+  return report_call(collective(Coll::AllToAll, sendbuff, recvbuff, count, datatype, weftSum, 0,
+                                comm, stream),
+                     __func__);
+}
+
+weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
+                           void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
+                           weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
+  auto run = [&]() -> Status {
+    weft::CollectiveCall call;
+    call.collective = Coll::AllToAllv;
+    call.send = sendbuff;
+    call.recv = recvbuff;
+    call.dtype = datatype;
+    call.send_counts = sendcounts;
+    call.send_displs = sdispls;
+    call.recv_counts = recvcounts;
+    call.recv_displs = rdispls;
+    return run_collective(call, comm, stream);
+  };
+  return report_call(run(), __func__);
+}
+
+weftResult_t weftGather(const void* sendbuff, void* recvbuff, size_t count,
+                        weftDataType_t datatype, int root, weftComm_t comm, weftStream_t stream) {
+  return report_call(
+      collective(Coll::Gather, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
+      __func__);
+}
+
+weftResult_t weftScatter(const void* sendbuff, void* recvbuff, size_t count,
+                         weftDataType_t datatype, int root, weftComm_t comm, weftStream_t stream) {
+  return report_call(
+      collective(Coll::Scatter, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
+      __func__);
+}
+
+weftResult_t weftRedOpCreatePreMulSum(weftRedOp_t* op, void* scalar, weftDataType_t datatype,
+                                      weftScalarResidence_t residence, weftComm_t comm) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(op, "op"));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(scalar, "scalar"));
+    size_t element = weft::dtype_size(datatype);
+    if (element == 0)
+      return Error(weftInvalidArgument, "datatype %d is not a valid weftDataType_t",
+                   static_cast<int>(datatype));
+    if (residence != weftScalarDevice && residence != weftScalarHostImmediate)
+      return Error(weftInvalidArgument, "residence %d is not a weftScalarResidence_t",
+                   static_cast<int>(residence));
+    weft::Communicator::PreMulSum definition{};
+    definition.dtype = datatype;
+    definition.immediate = residence == weftScalarHostImmediate;
+    if (definition.immediate)
+      memcpy(definition.value, scalar, element);
+    else
+      definition.pointer = scalar;  // host memory read at each call (no GPU yet)
+    return impl->create_premulsum(definition, op);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftRedOpDestroy(weftRedOp_t op, weftComm_t comm) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    return impl->destroy_premulsum(op);
+  };
+  return report(run(), __func__);
 }
 
 }  // extern "C"

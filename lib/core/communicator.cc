@@ -60,6 +60,12 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   comm->nranks_ = nranks;
   comm->config_ = config;
   if (comm->config_.timeout_ms <= 0) comm->config_.timeout_ms = default_timeout_ms();
+  if (!config.algorithms.empty()) {
+    WEFT_RETURN_IF_ERROR(
+        parse_algorithm_overrides(config.algorithms, "config->algorithms", &comm->overrides_));
+  } else if (std::optional<std::string> spec = env_string("WEFT_ALGO")) {
+    WEFT_RETURN_IF_ERROR(parse_algorithm_overrides(*spec, "WEFT_ALGO", &comm->overrides_));
+  }
   comm->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (comm->wake_fd_ < 0) return Error(weftSystemError, "eventfd failed: %s", strerror(errno));
   set_log_rank(rank);
@@ -143,24 +149,6 @@ Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, void* 
   return transport_->post_recv(make_tag(peer, kind, sequence), data, bytes, op->request);
 }
 
-Status Communicator::barrier() {
-  WEFT_RETURN_IF_ERROR(usable());
-  // Dissemination: after round k every rank has heard, transitively, from 2^(k+1) ranks.
-  uint32_t base = barrier_sequence_++ * 32;
-  uint32_t round = 0;
-  for (int distance = 1; distance < nranks_; distance *= 2, ++round) {
-    PendingOp ops[2];
-    int to = (rank_ + distance) % nranks_;
-    int from = (rank_ - distance + nranks_) % nranks_;
-    Status posted = post_recv(from, TagKind::Barrier, base + round, nullptr, 0, &ops[0]);
-    if (posted.ok()) posted = post_send(to, TagKind::Barrier, base + round, nullptr, 0, &ops[1]);
-    Status waited = wait_all(ops);
-    WEFT_RETURN_IF_ERROR(posted);
-    WEFT_RETURN_IF_ERROR(waited);
-  }
-  return Status::Ok();
-}
-
 Status Communicator::split(int color, int key, const CommConfig& config,
                            std::unique_ptr<Communicator>* out) {
   WEFT_RETURN_IF_ERROR(usable());
@@ -221,6 +209,41 @@ Status Communicator::split(int color, int key, const CommConfig& config,
   return Communicator::create(root, static_cast<int>(members.size()), new_rank, child, out);
 }
 
+std::byte* Communicator::scratch_arena(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    size_t grown = std::max(bytes, scratch_bytes_ * 2);
+    scratch_.reset(new std::byte[grown]);
+    scratch_bytes_ = grown;
+  }
+  return scratch_.get();
+}
+
+Status Communicator::create_premulsum(const PreMulSum& op, weftRedOp_t* out) {
+  size_t slot = 0;
+  while (slot < premulsums_.size() && premulsums_[slot].has_value()) ++slot;
+  if (slot == premulsums_.size()) premulsums_.emplace_back();
+  if (slot > static_cast<size_t>(weftMaxRedOp - weftNumOps))
+    return Error(weftInvalidUsage, "too many custom reduction ops on this communicator");
+  premulsums_[slot] = op;
+  *out = static_cast<weftRedOp_t>(weftNumOps + slot);
+  return Status::Ok();
+}
+
+Status Communicator::destroy_premulsum(weftRedOp_t op) {
+  if (premulsum(op) == nullptr)
+    return Error(weftInvalidArgument, "op %d is not a custom op of this communicator",
+                 static_cast<int>(op));
+  premulsums_[op - weftNumOps].reset();
+  return Status::Ok();
+}
+
+const Communicator::PreMulSum* Communicator::premulsum(weftRedOp_t op) const {
+  if (op < weftNumOps) return nullptr;
+  size_t slot = static_cast<size_t>(op) - weftNumOps;
+  if (slot >= premulsums_.size() || !premulsums_[slot]) return nullptr;
+  return &*premulsums_[slot];
+}
+
 Status Communicator::finalize() {
   if (!finalized_ && bootstrap_) bootstrap_->leave(true);
   finalized_ = true;
@@ -234,27 +257,6 @@ void Communicator::abort() {
 }
 
 // ------------------------------------------------------------------ waiting
-
-namespace {
-
-void release_all(std::span<PendingOp> ops, bool abandon) {
-  for (PendingOp& op : ops) {
-    if (op.request == nullptr) continue;
-    if (abandon)
-      op.comm->transport().abandon(op.request);
-    else
-      op.comm->transport().release(op.request);
-    op.request = nullptr;
-  }
-}
-
-bool all_done(std::span<const PendingOp> ops) {
-  for (const PendingOp& op : ops)
-    if (op.request != nullptr && !op.request->done.load(std::memory_order_acquire)) return false;
-  return true;
-}
-
-}  // namespace
 
 Status complete_status(const PendingOp& op) {
   Status status = op.comm->transport().result(*op.request, op.peer);
@@ -291,43 +293,6 @@ Status ProgressLoop::timeout(int64_t timeout_ms, const std::string& what) {
   Status status = Error(weftTimeout, "rank %d: timed out after %lld ms waiting for %s",
                         comms_.front()->rank(), static_cast<long long>(timeout_ms), what.c_str());
   for (Communicator* comm : comms_) comm->fail(status.code(), status.message());
-  return status;
-}
-
-Status wait_all(std::span<PendingOp> ops) {
-  std::vector<Communicator*> comms;
-  for (const PendingOp& op : ops)
-    if (op.request != nullptr && std::find(comms.begin(), comms.end(), op.comm) == comms.end())
-      comms.push_back(op.comm);
-  if (comms.empty()) return Status::Ok();
-  int64_t timeout_ms = comms.front()->timeout_ms();
-  for (Communicator* comm : comms) timeout_ms = std::min(timeout_ms, comm->timeout_ms());
-  Deadline deadline = deadline_after_ms(timeout_ms);
-  ProgressLoop loop(comms);
-  while (!all_done(ops)) {
-    Status status = loop.poll();
-    if (status.ok() && all_done(ops)) break;
-    if (status.ok() && Clock::now() >= deadline) {
-      std::string waiting;
-      for (const PendingOp& op : ops)
-        if (op.request != nullptr && !op.request->done.load())
-          waiting += (waiting.empty() ? "" : ", ") +
-                     std::string(op.is_send ? "send to" : "receive from") + " rank " +
-                     std::to_string(op.peer);
-      status = loop.timeout(timeout_ms, waiting);
-    }
-    if (!status.ok()) {
-      release_all(ops, true);
-      return status;
-    }
-    loop.idle(deadline);
-  }
-  Status status = Status::Ok();
-  for (const PendingOp& op : ops) {
-    if (op.request == nullptr || !status.ok()) continue;
-    status = complete_status(op);
-  }
-  release_all(ops, false);
   return status;
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -16,6 +17,8 @@
 
 #include "common/status.h"
 #include "core/bootstrap.h"
+#include "core/program.h"
+#include "core/tuner.h"
 #include "transports/ucx/ucx_transport.h"
 
 namespace weft {
@@ -24,6 +27,7 @@ struct CommConfig {
   int64_t timeout_ms = 0;  // 0: WEFT_TIMEOUT_MS
   bool blocking = true;
   std::string name;
+  std::string algorithms;  // forced algorithms, WEFT_ALGO syntax; "" for WEFT_ALGO itself
 };
 
 struct PeerInfo {
@@ -33,8 +37,8 @@ struct PeerInfo {
   Blob transport_address;
 };
 
-// Message kinds, so that P2P, barrier and collective traffic never match each other.
-enum class TagKind : uint8_t { PointToPoint = 1, Barrier = 2, Collective = 3 };
+// Message kinds, so that point-to-point and collective traffic never match each other.
+enum class TagKind : uint8_t { PointToPoint = 1, Collective = 2 };
 
 // Tag layout: sender rank (24 bits) | kind (4 bits) | sequence (36 bits).
 inline constexpr int kTagSequenceBits = 36;
@@ -46,7 +50,7 @@ inline constexpr int kMaxRanks = 1 << 24;
 
 class Communicator;
 
-// One posted send or receive, waited for by wait_all.
+// One posted send or receive.
 struct PendingOp {
   Communicator* comm = nullptr;
   ucx::Request* request = nullptr;
@@ -81,7 +85,24 @@ class Communicator {
   uint32_t next_p2p_send_sequence(int peer) { return p2p_send_sequence_[peer]++; }
   uint32_t next_p2p_recv_sequence(int peer) { return p2p_recv_sequence_[peer]++; }
 
-  Status barrier();
+  // Collective state: sequence numbers, cached programs, scratch, custom ops.
+  uint64_t next_collective_sequence() { return collective_sequence_++; }
+  ProgramCache& programs() { return programs_; }
+  const AlgorithmOverrides& algorithm_overrides() const { return overrides_; }
+  // A buffer of at least `bytes`, valid until the next call.
+  std::byte* scratch_arena(size_t bytes);
+  // Pre-multiplied sums created with weftRedOpCreatePreMulSum.
+  struct PreMulSum {
+    weftDataType_t dtype;
+    bool immediate;           // value copied at creation, else read at each call
+    uint8_t value[8];         // immediate: the scalar's bytes
+    const void* pointer;      // otherwise: where to read it
+  };
+  Status create_premulsum(const PreMulSum& op, weftRedOp_t* out);
+  Status destroy_premulsum(weftRedOp_t op);
+  // The op's definition, or null for built-in ops and unknown ids.
+  const PreMulSum* premulsum(weftRedOp_t op) const;
+
   Status split(int color, int key, const CommConfig& config, std::unique_ptr<Communicator>* out);
   // Tells the peers this rank leaves on purpose.
   Status finalize();
@@ -102,7 +123,12 @@ class Communicator {
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<uint32_t> p2p_send_sequence_;
   std::vector<uint32_t> p2p_recv_sequence_;
-  uint32_t barrier_sequence_ = 0;
+  uint64_t collective_sequence_ = 0;
+  ProgramCache programs_;
+  AlgorithmOverrides overrides_;
+  std::unique_ptr<std::byte[]> scratch_;
+  size_t scratch_bytes_ = 0;
+  std::vector<std::optional<PreMulSum>> premulsums_;
   int wake_fd_ = -1;  // eventfd: written when the communicator fails
   std::atomic<weftResult_t> failed_code_{weftSuccess};
   mutable std::mutex failure_mutex_;
@@ -131,11 +157,6 @@ class ProgressLoop {
   static constexpr auto kSpinTime = std::chrono::microseconds(50);
 };
 
-// Waits until every op completes, its communicator fails, or the deadline
-// of the strictest communicator passes; progresses every communicator
-// involved, spinning briefly and then sleeping on their event fds. On any
-// failure the unfinished ops are abandoned. Ops are released either way.
-Status wait_all(std::span<PendingOp> ops);
 // The outcome of a completed op (transfer errors, size mismatches); a
 // failure also fails its communicator.
 Status complete_status(const PendingOp& op);

@@ -140,4 +140,62 @@ TEST_F(SingleRank, UseAfterDestroyOrAbortOrFinalize) {
   comm_ = nullptr;
 }
 
+TEST_F(SingleRank, CollectiveArguments) {
+  EXPECT_ERROR(weftAllReduce(buffer_, buffer_, 4, weftInt32, static_cast<weftRedOp_t>(9), comm_,
+                             nullptr),
+               weftInvalidArgument, "op 9");
+  EXPECT_ERROR(weftAllReduce(buffer_, buffer_, 4, static_cast<weftDataType_t>(42), weftSum, comm_,
+                             nullptr),
+               weftInvalidArgument, "datatype 42");
+  EXPECT_ERROR(weftAllReduce(buffer_, buffer_, SIZE_MAX / 4, weftInt32, weftSum, comm_, nullptr),
+               weftInvalidArgument, "overflows");
+  EXPECT_ERROR(weftAllReduce(nullptr, buffer_, 4, weftInt32, weftSum, comm_, nullptr),
+               weftInvalidArgument, "sendbuff is NULL");
+  EXPECT_ERROR(weftAllGather(buffer_, nullptr, 4, weftInt32, comm_, nullptr), weftInvalidArgument,
+               "recvbuff is NULL");
+  EXPECT_ERROR(weftBroadcast(buffer_, buffer_, 4, weftInt32, 1, comm_, nullptr),
+               weftInvalidArgument, "root 1");
+  EXPECT_ERROR(weftReduce(buffer_, buffer_, 4, weftInt32, weftSum, -1, comm_, nullptr),
+               weftInvalidArgument, "root -1");
+  EXPECT_ERROR(weftGather(buffer_, buffer_, 4, weftInt32, 3, comm_, nullptr), weftInvalidArgument,
+               "root 3");
+  size_t counts[1] = {static_cast<size_t>(-2)}, displs[1] = {0};
+  EXPECT_ERROR(weftAllToAllv(buffer_, counts, displs, buffer_, displs, displs, weftInt32, comm_,
+                             nullptr),
+               weftInvalidArgument, "sendcounts[0]");
+  EXPECT_ERROR(weftAllToAllv(buffer_, nullptr, displs, buffer_, displs, displs, weftInt32, comm_,
+                             nullptr),
+               weftInvalidArgument, "sendcounts is NULL");
+  // Zero counts with NULL buffers are fine, as in NCCL.
+  EXPECT_EQ(weftAllReduce(nullptr, nullptr, 0, weftInt32, weftSum, comm_, nullptr), weftSuccess);
+  // Custom ops: wrong dtype, unknown ids, double destroy.
+  float scalar = 0.5f;
+  weftRedOp_t op;
+  ASSERT_EQ(weftRedOpCreatePreMulSum(&op, &scalar, weftFloat32, weftScalarHostImmediate, comm_),
+            weftSuccess);
+  EXPECT_ERROR(weftAllReduce(buffer_, buffer_, 4, weftInt32, op, comm_, nullptr),
+               weftInvalidArgument, "created for float");
+  EXPECT_EQ(weftRedOpDestroy(op, comm_), weftSuccess);
+  EXPECT_ERROR(weftRedOpDestroy(op, comm_), weftInvalidArgument, "not a custom op");
+  EXPECT_ERROR(weftRedOpCreatePreMulSum(&op, nullptr, weftFloat32, weftScalarHostImmediate, comm_),
+               weftInvalidArgument, "scalar");
+}
+
+TEST(Errors, UnknownOrInapplicableAlgorithms) {
+  weftUniqueId id;
+  ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+  weftComm_t comm = nullptr;
+  weftConfig_t config = WEFT_CONFIG_INITIALIZER;
+  config.algorithms = "allreduce:warp";
+  EXPECT_ERROR(weftCommInitRankConfig(&comm, 1, id, 0, &config), weftInvalidArgument,
+               "valid: ring");
+  config.algorithms = "allgather:binomial";
+  EXPECT_ERROR(weftCommInitRankConfig(&comm, 1, id, 0, &config), weftInvalidArgument,
+               "'binomial' is not an algorithm for allgather");
+  config.algorithms = "allsorts:ring";
+  EXPECT_ERROR(weftCommInitRankConfig(&comm, 1, id, 0, &config), weftInvalidArgument,
+               "unknown collective 'allsorts'");
+  EXPECT_EQ(comm, nullptr);
+}
+
 }  // namespace

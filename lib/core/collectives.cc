@@ -1,0 +1,202 @@
+#include "core/collectives.h"
+
+#include <cstring>
+#include <type_traits>
+
+#include "common/dtype.h"
+#include "common/log.h"
+#include "core/group.h"
+#include "core/tuner.h"
+
+namespace weft {
+
+namespace {
+
+static_assert(std::is_same_v<size_t, uint64_t>, "AllToAllv counts are passed through as uint64_t");
+
+// Largest element count Weft accepts in one buffer: far beyond any memory,
+// small enough that offsets times element sizes cannot overflow.
+constexpr uint64_t kMaxElements = uint64_t{1} << 56;
+
+bool is_reduction(algo::Collective collective) {
+  return collective == algo::Collective::AllReduce ||
+         collective == algo::Collective::ReduceScatter || collective == algo::Collective::Reduce;
+}
+
+bool is_rooted(algo::Collective collective) {
+  return collective == algo::Collective::Broadcast || collective == algo::Collective::Reduce ||
+         collective == algo::Collective::Gather || collective == algo::Collective::Scatter;
+}
+
+const char* name_of(algo::Collective collective) { return algo::collective_name(collective); }
+
+// Whether the call uses NCCL's in-place layout for its collective.
+bool detect_in_place(const CollectiveCall& call, int rank, size_t element) {
+  auto send = static_cast<const std::byte*>(call.send);
+  auto recv = static_cast<const std::byte*>(call.recv);
+  if (send == nullptr || recv == nullptr) return false;
+  uint64_t piece = call.count * element;
+  switch (call.collective) {
+    case algo::Collective::AllGather: return send == recv + rank * piece;
+    case algo::Collective::ReduceScatter: return recv == send + rank * piece;
+    case algo::Collective::Gather: return rank == call.root && send == recv + rank * piece;
+    case algo::Collective::Scatter: return rank == call.root && recv == send + rank * piece;
+    default: return send == recv;
+  }
+}
+
+Status check_vector_counts(const char* name, const size_t* values, int nranks) {
+  if (values == nullptr) return Error(weftInvalidArgument, "%s is NULL", name);
+  for (int peer = 0; peer < nranks; ++peer)
+    if (values[peer] > kMaxElements)
+      return Error(weftInvalidArgument, "%s[%d] = %zu is out of range (a negative count?)", name,
+                   peer, values[peer]);
+  return Status::Ok();
+}
+
+Status validate(Communicator& comm, const CollectiveCall& call, size_t element) {
+  const char* name = name_of(call.collective);
+  if (element == 0)
+    return Error(weftInvalidArgument, "%s: datatype %d is not a valid weftDataType_t", name,
+                 static_cast<int>(call.dtype));
+  if (is_reduction(call.collective)) {
+    bool builtin = call.op >= 0 && call.op < weftNumOps;
+    const Communicator::PreMulSum* custom = comm.premulsum(call.op);
+    if (!builtin && custom == nullptr)
+      return Error(weftInvalidArgument, "%s: op %d is not a weftRedOp_t or an op created on this "
+                   "communicator", name, static_cast<int>(call.op));
+    if (custom != nullptr && custom->dtype != call.dtype)
+      return Error(weftInvalidArgument, "%s: op %d was created for %s, not %s", name,
+                   static_cast<int>(call.op), dtype_name(custom->dtype), dtype_name(call.dtype));
+  }
+  if (is_rooted(call.collective) && (call.root < 0 || call.root >= comm.nranks()))
+    return Error(weftInvalidArgument, "%s: root %d is out of range [0, %d)", name, call.root,
+                 comm.nranks());
+  if (call.count > kMaxElements / static_cast<uint64_t>(comm.nranks()) / element)
+    return Error(weftInvalidArgument, "%s: count %llu of %s overflows the addressable size", name,
+                 static_cast<unsigned long long>(call.count), dtype_name(call.dtype));
+  if (call.collective == algo::Collective::AllToAllv) {
+    WEFT_RETURN_IF_ERROR(check_vector_counts("sendcounts", call.send_counts, comm.nranks()));
+    WEFT_RETURN_IF_ERROR(check_vector_counts("sdispls", call.send_displs, comm.nranks()));
+    WEFT_RETURN_IF_ERROR(check_vector_counts("recvcounts", call.recv_counts, comm.nranks()));
+    WEFT_RETURN_IF_ERROR(check_vector_counts("rdispls", call.recv_displs, comm.nranks()));
+  }
+  return Status::Ok();
+}
+
+Status check_buffers(const CollectiveCall& call, const algo::Params& params) {
+  if (algo::input_count(params) > 0 && call.send == nullptr)
+    return Error(weftInvalidArgument, "%s: sendbuff is NULL with count %llu",
+                 name_of(call.collective), static_cast<unsigned long long>(call.count));
+  if (algo::output_count(params) > 0 && call.recv == nullptr)
+    return Error(weftInvalidArgument, "%s: recvbuff is NULL with count %llu",
+                 name_of(call.collective), static_cast<unsigned long long>(call.count));
+  return Status::Ok();
+}
+
+reduce::Op reduce_op(weftRedOp_t op) {
+  switch (op) {
+    case weftProd: return reduce::Op::Prod;
+    case weftMax: return reduce::Op::Max;
+    case weftMin: return reduce::Op::Min;
+    default: return reduce::Op::Sum;  // sum, avg (then divided), pre-multiplied sums
+  }
+}
+
+// Scales this rank's input by the op's scalar into a staging buffer the job owns.
+void stage_premultiplied(const Communicator::PreMulSum& op, const CollectiveCall& call,
+                         uint64_t input_count, size_t element, JobBatch& batch, Job* job) {
+  const void* scalar = op.immediate ? static_cast<const void*>(op.value) : op.pointer;
+  batch.staging.emplace_back(new std::byte[input_count * element]);
+  std::byte* staged = batch.staging.back().get();
+  reduce::scale(call.dtype, staged, call.send, scalar, input_count);
+  job->input = staged;
+}
+
+Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBatch& batch) {
+  size_t element = dtype_size(call.dtype);
+  WEFT_RETURN_IF_ERROR(validate(comm, call, element));
+  const Communicator::PreMulSum* premul =
+      is_reduction(call.collective) ? comm.premulsum(call.op) : nullptr;
+
+  algo::Params params;
+  params.collective = call.collective;
+  params.nranks = comm.nranks();
+  params.rank = comm.rank();
+  params.root = is_rooted(call.collective) ? call.root : 0;
+  params.count = call.count;
+  params.in_place = premul == nullptr && detect_in_place(call, comm.rank(), element);
+  params.send_counts = call.send_counts;
+  params.send_displs = call.send_displs;
+  params.recv_counts = call.recv_counts;
+  params.recv_displs = call.recv_displs;
+  WEFT_RETURN_IF_ERROR(check_buffers(call, params));
+  uint64_t bytes = call.count * element;
+  Plan plan = plan_collective(call.collective, bytes, element, comm.nranks(),
+                              comm.algorithm_overrides());
+  params.algorithm = plan.algorithm;
+  params.chunk = plan.chunk_elements;
+
+  Job job;
+  job.comm = &comm;
+  if (call.collective == algo::Collective::AllToAllv) {
+    algo::Program program;
+    std::string error;
+    if (!algo::build(params, &program, &error))
+      return Error(weftInvalidArgument, "%s", error.c_str());
+    batch.programs.push_back(std::make_unique<CompiledProgram>());
+    WEFT_RETURN_IF_ERROR(compile_program(std::move(program), batch.programs.back().get()));
+    job.program = batch.programs.back().get();
+  } else {
+    WEFT_RETURN_IF_ERROR(comm.programs().get(params, &job.program));
+  }
+  job.input = static_cast<std::byte*>(const_cast<void*>(call.send));
+  job.output = static_cast<std::byte*>(call.recv);
+  job.math.dtype = call.dtype;
+  job.math.element_size = element;
+  job.math.op = reduce_op(call.op);
+  if (premul != nullptr)
+    stage_premultiplied(*premul, call, algo::input_count(params), element, batch, &job);
+  if (call.op == weftAvg && is_reduction(call.collective) &&
+      (call.collective != algo::Collective::Reduce || comm.rank() == call.root)) {
+    job.math.divide_count = call.count;
+    job.math.divisor = static_cast<uint64_t>(comm.nranks());
+  }
+  job.tag_kind = TagKind::Collective;
+  job.sequence_base = (comm.next_collective_sequence() & 0xFFFF) << 20;
+  WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s chunk %llu in-place %d", name_of(call.collective),
+           static_cast<unsigned long long>(call.count), dtype_name(call.dtype),
+           algo::algorithm_name(plan.algorithm), static_cast<unsigned long long>(plan.chunk_elements),
+           params.in_place);
+  batch.jobs.push_back(job);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status submit_collective(Communicator& comm, const CollectiveCall& call) {
+  WEFT_RETURN_IF_ERROR(comm.usable());
+  return finish_submit(prepare_collective(comm, call, submit_batch()));
+}
+
+Status submit_p2p(const P2PCall& call) {
+  if (!in_group() && call.peer == call.comm->rank())
+    return Error(weftInvalidUsage,
+                 "peer %d is this rank: a send or receive to self outside weftGroupStart/End "
+                 "would wait for itself",
+                 call.peer);
+  Job job;
+  job.comm = call.comm;
+  job.single_step.kind = call.is_send ? algo::StepKind::Send : algo::StepKind::Recv;
+  job.single_step.peer = call.peer;
+  algo::Range range{0, call.bytes, call.is_send ? algo::Buf::Input : algo::Buf::Output};
+  (call.is_send ? job.single_step.a : job.single_step.dst) = range;
+  (call.is_send ? job.input : job.output) = static_cast<std::byte*>(call.buffer);
+  job.tag_kind = TagKind::PointToPoint;
+  job.sequence_base = call.is_send ? call.comm->next_p2p_send_sequence(call.peer)
+                                   : call.comm->next_p2p_recv_sequence(call.peer);
+  submit_batch().jobs.push_back(job);
+  return finish_submit(Status::Ok());
+}
+
+}  // namespace weft

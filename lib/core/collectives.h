@@ -1,0 +1,42 @@
+// Turns API calls into jobs: validates them against the communicator, picks
+// the algorithm, fetches the program, stages pre-multiplied inputs, and
+// queues the job in the calling thread's group (or runs it at once).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "algorithms/schedule.h"
+#include "common/status.h"
+#include "core/communicator.h"
+#include "weft/weft.h"
+
+namespace weft {
+
+struct CollectiveCall {
+  algo::Collective collective = algo::Collective::AllReduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  uint64_t count = 0;  // as the C API's count argument
+  weftDataType_t dtype = weftUint8;
+  weftRedOp_t op = weftSum;  // reductions only
+  int root = 0;              // rooted collectives only
+  // AllToAllv only: elements, one entry per peer.
+  const size_t* send_counts = nullptr;
+  const size_t* send_displs = nullptr;
+  const size_t* recv_counts = nullptr;
+  const size_t* recv_displs = nullptr;
+};
+
+struct P2PCall {
+  Communicator* comm = nullptr;
+  bool is_send = false;
+  void* buffer = nullptr;
+  size_t bytes = 0;
+  int peer = -1;
+};
+
+Status submit_collective(Communicator& comm, const CollectiveCall& call);
+Status submit_p2p(const P2PCall& call);
+
+}  // namespace weft

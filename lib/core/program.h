@@ -1,0 +1,40 @@
+// Programs prepared for execution, and the per-communicator cache of them:
+// building a schedule is done once per (collective, algorithm, shape).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "algorithms/schedule.h"
+#include "common/status.h"
+
+namespace weft {
+
+// A program plus what the executor needs to run it: who waits on whom, and
+// which message between a pair of ranks each Send/Recv is (its tag).
+struct CompiledProgram {
+  algo::Program program;
+  std::vector<uint32_t> dependents_begin;  // CSR: steps unlocked by step i
+  std::vector<uint32_t> dependents;
+  std::vector<uint32_t> message_index;  // k-th message to/from that peer, per step
+  uint32_t max_messages_per_peer = 0;
+};
+
+Status compile_program(algo::Program program, CompiledProgram* out);
+
+class ProgramCache {
+ public:
+  // The cached program for `params` (all but AllToAllv, whose counts vary),
+  // building and compiling it on first use.
+  Status get(const algo::Params& params, const CompiledProgram** out);
+
+ private:
+  using Key = std::tuple<int, int, int, uint64_t, uint64_t, bool>;
+  static constexpr size_t kMaxEntries = 512;
+  std::map<Key, std::unique_ptr<CompiledProgram>> entries_;
+};
+
+}  // namespace weft
