@@ -1,0 +1,367 @@
+// weft-perf: nccl-tests-style bandwidth benchmark for Weft. Every process is one rank;
+// rank 0 gathers the times and error counts with point-to-point messages and prints.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "collectives.h"
+#include "common/dtype.h"
+#include "element.h"
+#include "options.h"
+#include "pattern.h"
+#include "report.h"
+#include "weft/weft.h"
+
+namespace weft::perf {
+namespace {
+
+// Exit statuses.
+constexpr int kExitWrongResults = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitWeftError = 3;
+
+constexpr size_t kBufferAlignment = 4096;
+constexpr int kHostNameBytes = 64;
+
+struct Rank {
+  weftComm_t comm = nullptr;
+  int rank = 0;
+  int nranks = 1;
+};
+
+// Ends the process on a failed Weft call: the benchmark cannot go on without its peers.
+void require(const Rank& self, weftResult_t result, const char* what) {
+  if (result == weftSuccess) return;
+  std::fprintf(stderr, "weft-perf: rank %d: %s failed: %s: %s\n", self.rank, what,
+               weftGetErrorString(result), weftGetLastError(self.comm));
+  if (self.comm != nullptr) weftCommAbort(self.comm);
+  std::exit(kExitWeftError);
+}
+
+// Every rank's value, at rank 0 (the other ranks get an empty vector).
+template <typename T>
+std::vector<T> gather_at_rank0(const Rank& self, const T& value) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (self.rank != 0) {
+    require(self, weftSend(&value, sizeof(T), weftUint8, 0, self.comm, nullptr), "weftSend");
+    return {};
+  }
+  std::vector<T> values(static_cast<size_t>(self.nranks));
+  values[0] = value;
+  for (int peer = 1; peer < self.nranks; ++peer)
+    require(self, weftRecv(&values[peer], sizeof(T), weftUint8, peer, self.comm, nullptr),
+            "weftRecv");
+  return values;
+}
+
+// Rank 0's value, at every rank.
+int broadcast_from_rank0(const Rank& self, int value) {
+  if (self.rank == 0) {
+    for (int peer = 1; peer < self.nranks; ++peer)
+      require(self, weftSend(&value, sizeof(value), weftUint8, peer, self.comm, nullptr),
+              "weftSend");
+  } else {
+    require(self, weftRecv(&value, sizeof(value), weftUint8, 0, self.comm, nullptr), "weftRecv");
+  }
+  return value;
+}
+
+struct FreeDeleter {
+  void operator()(void* pointer) const { std::free(pointer); }
+};
+using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
+
+Buffer allocate(size_t bytes) {
+  const size_t rounded =
+      (std::max<size_t>(bytes, 1) + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+  auto* pointer = static_cast<std::byte*>(std::aligned_alloc(kBufferAlignment, rounded));
+  if (pointer == nullptr) {
+    std::fprintf(stderr, "weft-perf: cannot allocate %zu bytes\n", bytes);
+    std::exit(kExitWeftError);
+  }
+  std::memset(pointer, 0, rounded);  // touch every page before anything is timed
+  return Buffer(pointer);
+}
+
+// What one rank measured for one row.
+struct RankResult {
+  double seconds[2];  // per iteration: out of place, in place
+  int64_t wrong[2];
+};
+
+class Benchmark {
+ public:
+  Benchmark(const Options& options, const Collective& collective, const Rank& self)
+      : options_(options), collective_(collective), self_(self) {
+    const char* corrupt = std::getenv("WEFT_PERF_CORRUPT");
+    corrupt_ = corrupt != nullptr && std::strcmp(corrupt, "1") == 0 && self.rank == 1;
+  }
+
+  // Runs every dtype, op and size; returns the total number of wrong elements.
+  int64_t run() {
+    for (weftDataType_t dtype : options_.dtypes) {
+      allocate_buffers(dtype);
+      if (collective_.reduces) {
+        for (weftRedOp_t op : options_.ops) run_sweep(dtype, op);
+      } else {
+        run_sweep(dtype, std::nullopt);
+      }
+    }
+    return wrong_total_;
+  }
+
+  double avg_busbw() const { return measurements_ == 0 ? 0 : busbw_sum_ / measurements_; }
+
+ private:
+  struct Placement {
+    const void* send;
+    void* recv;
+  };
+
+  // The pointers of one call: separate buffers, or nccl-tests' in-place offsets.
+  Placement placement(bool in_place, const Geometry& g, size_t element_size) const {
+    if (!in_place) return {send_.get(), recv_.get()};
+    const size_t rank = static_cast<size_t>(self_.rank);
+    return {recv_.get() + g.send_inplace_offset * rank * element_size,
+            recv_.get() + g.recv_inplace_offset * rank * element_size};
+  }
+
+  Geometry geometry(size_t bytes, size_t element_size) const {
+    return collective_.geometry(bytes / element_size, element_size, self_.nranks);
+  }
+
+  CallArgs call_args(const Placement& p, const Geometry& g, weftDataType_t dtype,
+                     std::optional<weftRedOp_t> op) const {
+    return {p.send,        p.recv,     g.param_count, dtype,     op.value_or(weftSum),
+            options_.root, self_.rank, self_.nranks,  self_.comm};
+  }
+
+  void call(const CallArgs& args) { require(self_, collective_.call(args), collective_.name); }
+
+  // Elements of the receive buffer a row uses, in and out of place (in place, the send
+  // range lies in the receive buffer too).
+  size_t recv_extent(const Geometry& g) const {
+    const size_t rank = static_cast<size_t>(self_.rank);
+    return std::max({g.recv_count, g.send_count + g.send_inplace_offset * rank,
+                     g.recv_count + g.recv_inplace_offset * rank});
+  }
+
+  // Sizes both buffers for the largest row.
+  void allocate_buffers(weftDataType_t dtype) {
+    const size_t element_size = dtype_size(dtype);
+    const Geometry g = geometry(options_.max_bytes, element_size);
+    send_ = allocate(g.send_count * element_size);
+    recv_ = allocate(recv_extent(g) * element_size);
+  }
+
+  void run_sweep(weftDataType_t dtype, std::optional<weftRedOp_t> op) {
+    const size_t element_size = dtype_size(dtype);
+    const InputPattern pattern(dtype, op, self_.nranks);
+    require(self_, weftBarrier(self_.comm, nullptr), "weftBarrier");
+    for (size_t bytes : {options_.max_bytes, options_.min_bytes}) {
+      const Geometry g = geometry(bytes, element_size);
+      for (int i = 0; i < options_.warmup_iters; ++i)
+        call(call_args(placement(false, g, element_size), g, dtype, op));
+    }
+    for (size_t bytes : benchmark_sizes(options_)) {
+      const Geometry g = geometry(bytes, element_size);
+      RankResult mine{};
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        const Placement p = placement(in_place == 1, g, element_size);
+        const CallArgs args = call_args(p, g, dtype, op);
+        mine.seconds[in_place] = time_calls(args);
+        mine.wrong[in_place] = checked(in_place == 1) ? check(args, g, pattern, in_place == 1) : 0;
+      }
+      std::vector<RankResult> all = gather_at_rank0(self_, mine);
+      if (self_.rank == 0) report(all, g, dtype, op);
+    }
+  }
+
+  bool checked(bool in_place) const {
+    return options_.check && (!in_place || collective_.check_in_place);
+  }
+
+  // Seconds per call, wall clock over options_.iters calls started together.
+  double time_calls(const CallArgs& args) {
+    require(self_, weftBarrier(self_.comm, nullptr), "weftBarrier");
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < options_.iters; ++i) call(args);
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    return elapsed.count() / options_.iters;
+  }
+
+  // Runs the call once on known inputs and counts this rank's wrong output elements.
+  int64_t check(const CallArgs& args, const Geometry& g, const InputPattern& pattern,
+                bool in_place) {
+    const weftDataType_t dtype = args.dtype;
+    // Poison first: in place, the input below overwrites part of it. 0xff bytes are NaN or
+    // out of the inputs' range in every type, so an element left unwritten counts as wrong.
+    std::memset(recv_.get(), 0xff, recv_extent(g) * dtype_size(dtype));
+    void* input = in_place ? const_cast<void*>(args.send) : send_.get();
+    for (size_t i = 0; i < g.send_count; ++i)
+      store_element(dtype, input, i, pattern.input(self_.rank, i));
+    call(args);
+    // Test hook (WEFT_PERF_CORRUPT=1): rank 1 damages one received element, to prove that
+    // the checker notices. Bit 6 of the most significant byte: far beyond any tolerance.
+    if (corrupt_ && g.recv_count > 0)
+      static_cast<unsigned char*>(args.recv)[(g.recv_count / 2 + 1) * dtype_size(dtype) - 1] ^=
+          0x40;
+    int64_t wrong = 0;
+    for (size_t j = 0; j < g.recv_count; ++j) {
+      const Source source = collective_.source(g, self_.rank, self_.nranks, options_.root, j);
+      if (source.kind == Source::Kind::kUnchecked) continue;
+      const double expected = source.kind == Source::Kind::kCopy
+                                  ? pattern.input(source.rank, source.index)
+                                  : pattern.reduced(source.index);
+      const double got = load_element(dtype, args.recv, j);
+      // Written so that a NaN result counts as wrong.
+      if (!(std::fabs(got - expected) <= pattern.tolerance(expected))) ++wrong;
+    }
+    return wrong;
+  }
+
+  double combined_seconds(const std::vector<RankResult>& all, int placement) const {
+    double result = all[0].seconds[placement];
+    for (const RankResult& r : all) {
+      const double s = r.seconds[placement];
+      switch (options_.average) {
+        case AverageMode::kRank0:
+          break;
+        case AverageMode::kMean:
+          if (&r != &all[0]) result += s;
+          break;
+        case AverageMode::kMin:
+          result = std::min(result, s);
+          break;
+        case AverageMode::kMax:
+          result = std::max(result, s);
+          break;
+      }
+    }
+    return options_.average == AverageMode::kMean ? result / all.size() : result;
+  }
+
+  void report(const std::vector<RankResult>& all, const Geometry& g, weftDataType_t dtype,
+              std::optional<weftRedOp_t> op) {
+    Row row;
+    row.bytes = row_bytes(g, dtype_size(dtype));
+    row.count = g.param_count;
+    row.type = dtype_name(dtype);
+    row.redop = op ? op_name(*op) : "none";
+    row.root = collective_.rooted ? options_.root : -1;
+    for (int p = 0; p < 2; ++p) {
+      Measurement& m = p == 0 ? row.out_of_place : row.in_place;
+      const double seconds = combined_seconds(all, p);
+      m.time_us = seconds * 1e6;
+      m.algbw = seconds > 0 ? static_cast<double>(row.bytes) / 1e9 / seconds : 0;
+      m.busbw = m.algbw * collective_.bus_factor(self_.nranks);
+      if (checked(p == 1)) {
+        int64_t wrong = 0;
+        for (const RankResult& r : all) wrong += r.wrong[p];
+        m.wrong = wrong;
+        wrong_total_ += wrong;
+      }
+      busbw_sum_ += m.busbw;
+      ++measurements_;
+    }
+    const std::string text =
+        options_.json ? format_json_row(row, collective_.name, self_.nranks) : format_row(row);
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  }
+
+  const Options& options_;
+  const Collective& collective_;
+  const Rank& self_;
+  bool corrupt_ = false;
+  Buffer send_;
+  Buffer recv_;
+  int64_t wrong_total_ = 0;
+  double busbw_sum_ = 0;
+  int measurements_ = 0;
+};
+
+std::string collective_names() {
+  std::string names;
+  for (const Collective& c : collectives()) names += std::string(names.empty() ? "" : " ") + c.name;
+  return names;
+}
+
+struct RankIdentity {
+  int pid;
+  char host[kHostNameBytes];
+};
+
+std::vector<RankLine> gather_rank_lines(const Rank& self) {
+  RankIdentity mine{};
+  mine.pid = static_cast<int>(getpid());
+  gethostname(mine.host, sizeof(mine.host) - 1);
+  std::vector<RankLine> lines;
+  for (const RankIdentity& r : gather_at_rank0(self, mine))
+    lines.push_back({static_cast<int>(lines.size()), r.pid, r.host});
+  return lines;
+}
+
+int run(int argc, char** argv) {
+  Options options;
+  if (std::optional<std::string> error = parse_options(argc, argv, &options)) {
+    std::fprintf(stderr, "weft-perf: %s\n%s", error->c_str(), kUsage);
+    return kExitUsage;
+  }
+  if (options.help) {
+    std::printf("%scollectives: %s\n", kUsage, collective_names().c_str());
+    return 0;
+  }
+  const Collective* collective = find_collective(options.collective);
+  if (collective == nullptr) {
+    std::fprintf(stderr, "weft-perf: unknown collective '%s' (available: %s)\n",
+                 options.collective.c_str(), collective_names().c_str());
+    return kExitUsage;
+  }
+  // The library reads WEFT_ALGO when the communicator is created.
+  const std::string forced = forced_algorithm(options);
+  if (!forced.empty()) setenv("WEFT_ALGO", forced.c_str(), 1);
+
+  Rank self;
+  weftConfig_t config = WEFT_CONFIG_INITIALIZER;
+  if (options.timeout_s > 0) config.timeoutMs = options.timeout_s * 1000;
+  require(self, weftCommInitFromEnv(&self.comm, &config), "weftCommInitFromEnv");
+  require(self, weftCommUserRank(self.comm, &self.rank), "weftCommUserRank");
+  require(self, weftCommCount(self.comm, &self.nranks), "weftCommCount");
+  if (collective->rooted && options.root >= self.nranks) {
+    std::fprintf(stderr, "weft-perf: root %d is not a rank of %d\n", options.root, self.nranks);
+    weftCommDestroy(self.comm);
+    return kExitUsage;
+  }
+  int version = 0;
+  require(self, weftGetVersion(&version), "weftGetVersion");
+  std::vector<RankLine> rank_lines = gather_rank_lines(self);
+  if (self.rank == 0 && !options.json)
+    std::fputs(format_header(options, self.nranks, version, rank_lines).c_str(), stdout);
+
+  Benchmark benchmark(options, *collective, self);
+  const int64_t wrong = benchmark.run();
+  if (self.rank == 0 && !options.json)
+    std::fputs(format_footer(wrong, benchmark.avg_busbw()).c_str(), stdout);
+  std::fflush(stdout);
+  // Every rank ends with rank 0's verdict, so any launcher sees the failure.
+  const int status = broadcast_from_rank0(self, wrong == 0 ? 0 : kExitWrongResults);
+  require(self, weftCommDestroy(self.comm), "weftCommDestroy");
+  return status;
+}
+
+}  // namespace
+}  // namespace weft::perf
+
+int main(int argc, char** argv) {
+  return weft::perf::run(argc, argv);
+}

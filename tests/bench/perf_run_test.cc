@@ -1,0 +1,296 @@
+// Whole weft-perf runs under weftrun: the table's sizes, bandwidth arithmetic, checker
+// verdicts (including a deliberately corrupted run) and the JSON form.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/dtype.h"
+
+extern char** environ;
+
+namespace {
+
+struct Outcome {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs `weftrun -n nranks weft-perf args...` with stdout captured (stderr passes through,
+// to explain failures). WEFT_ROOT/WEFT_SECRET from the test's environment are dropped so
+// weftrun picks fresh ones; weftrun's own timeout guards against a hang.
+Outcome run_perf(int nranks, const std::vector<std::string>& args,
+                 const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::string> argv_text = {
+      WEFTRUN_PATH, "-n", std::to_string(nranks), "--timeout", "60", "--no-prefix", WEFT_PERF_PATH};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    if (entry.starts_with("WEFT_ROOT=") || entry.starts_with("WEFT_SECRET=") ||
+        entry.starts_with("WEFT_PERF_CORRUPT="))
+      continue;
+    env_text.push_back(entry);
+  }
+  for (const auto& [name, value] : env) env_text.push_back(name + "=" + value);
+  auto pointers = [](std::vector<std::string>& texts) {
+    std::vector<char*> result;
+    for (std::string& t : texts) result.push_back(t.data());
+    result.push_back(nullptr);
+    return result;
+  };
+  std::vector<char*> argv = pointers(argv_text);
+  std::vector<char*> envp = pointers(env_text);
+
+  int pipe_fds[2];
+  EXPECT_EQ(pipe(pipe_fds), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+  pid_t pid;
+  Outcome outcome;
+  const int spawned = posix_spawn(&pid, WEFTRUN_PATH, &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipe_fds[1]);
+  if (spawned != 0) {
+    ADD_FAILURE() << "cannot start " << WEFTRUN_PATH << ": " << std::strerror(spawned);
+    close(pipe_fds[0]);
+    return outcome;
+  }
+  char buffer[4096];
+  for (ssize_t got; (got = read(pipe_fds[0], buffer, sizeof(buffer))) > 0;)
+    outcome.out.append(buffer, static_cast<size_t>(got));
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return outcome;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+struct Placement {
+  double time_us, algbw, busbw;
+  std::optional<long> wrong;  // nullopt for "N/A"
+};
+
+struct TableRow {
+  size_t bytes, count;
+  std::string type, redop;
+  int root;
+  Placement placement[2];
+};
+
+std::optional<long> parse_wrong(const std::string& cell) {
+  if (cell == "N/A") return std::nullopt;
+  return std::stol(cell);
+}
+
+std::vector<TableRow> table_rows(const std::string& out) {
+  std::vector<TableRow> rows;
+  for (const std::string& line : lines_of(out)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    TableRow row;
+    std::string wrong[2];
+    in >> row.bytes >> row.count >> row.type >> row.redop >> row.root;
+    for (int p = 0; p < 2; ++p)
+      in >> row.placement[p].time_us >> row.placement[p].algbw >> row.placement[p].busbw >>
+          wrong[p];
+    EXPECT_FALSE(in.fail()) << "not a table row: " << line;
+    std::string extra;
+    EXPECT_FALSE(in >> extra) << "extra cells: " << line;
+    for (int p = 0; p < 2; ++p) row.placement[p].wrong = parse_wrong(wrong[p]);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<size_t> geometric(size_t from, size_t to, size_t factor) {
+  std::vector<size_t> sizes;
+  for (size_t s = from; s <= to; s *= factor) sizes.push_back(s);
+  return sizes;
+}
+
+// Half a unit of the printed time's last digit, as the table formats it.
+double time_rounding(double us) {
+  return us >= 10000 ? 0.5 : us >= 100 ? 0.05 : 0.005;
+}
+
+// algbw is the row's bytes over its time (GB/s = bytes / us / 1e3), up to the rounding of
+// both printed figures.
+void expect_algbw_matches_time(const TableRow& row, const Placement& p) {
+  ASSERT_GT(p.time_us, 0);
+  const double computed = static_cast<double>(row.bytes) / p.time_us / 1e3;
+  const double slack = 0.005 + computed * time_rounding(p.time_us) / p.time_us + 1e-9;
+  EXPECT_NEAR(p.algbw, computed, slack) << "size " << row.bytes;
+}
+
+size_t count_lines_starting(const std::string& out, const std::string& prefix) {
+  size_t n = 0;
+  for (const std::string& line : lines_of(out)) n += line.starts_with(prefix);
+  return n;
+}
+
+TEST(WeftPerfRun, SendRecvTwoRanks) {
+  Outcome o =
+      run_perf(2, {"sendrecv", "-b", "8", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "-c", "1"});
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_EQ(count_lines_starting(o.out, "#  Rank "), 2u) << o.out;
+  EXPECT_NE(o.out.find("minBytes 8 maxBytes 1048576 step: 4(factor) warmup iters: 1 iters: 3"),
+            std::string::npos)
+      << o.out;
+  std::vector<TableRow> rows = table_rows(o.out);
+  std::vector<size_t> sizes;
+  double busbw_sum = 0;
+  for (const TableRow& row : rows) {
+    sizes.push_back(row.bytes);
+    EXPECT_EQ(row.count, row.bytes / sizeof(float));
+    EXPECT_EQ(row.type, "float");
+    EXPECT_EQ(row.redop, "none");
+    EXPECT_EQ(row.root, -1);
+    EXPECT_EQ(row.placement[0].wrong, 0L) << "size " << row.bytes;
+    // In place aliases send and receive buffers: timed, not checked (as nccl-tests).
+    EXPECT_EQ(row.placement[1].wrong, std::nullopt);
+    for (const Placement& p : row.placement) {
+      EXPECT_EQ(p.busbw, p.algbw) << "sendrecv's bus factor is 1";
+      expect_algbw_matches_time(row, p);
+      busbw_sum += p.busbw;
+    }
+  }
+  EXPECT_EQ(sizes, geometric(8, 1 << 20, 4));
+  EXPECT_EQ(count_lines_starting(o.out, "# Out of bounds values : 0 OK"), 1u) << o.out;
+  std::smatch avg;
+  ASSERT_TRUE(std::regex_search(o.out, avg, std::regex("# Avg bus bandwidth    : ([0-9.e+-]+)")));
+  EXPECT_NEAR(std::stod(avg[1]), busbw_sum / (2.0 * rows.size()), 0.005 + 1e-4 * busbw_sum);
+}
+
+TEST(WeftPerfRun, EveryDtype) {
+  Outcome o = run_perf(
+      2, {"sendrecv", "-d", "all", "-b", "8", "-e", "1K", "-f", "4", "-n", "2", "-w", "0"});
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  std::vector<TableRow> rows = table_rows(o.out);
+  const std::vector<size_t> sizes = geometric(8, 1024, 4);
+  ASSERT_EQ(rows.size(), sizes.size() * weftNumTypes);
+  for (int type = 0; type < weftNumTypes; ++type) {
+    const auto dtype = static_cast<weftDataType_t>(type);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const TableRow& row = rows[type * sizes.size() + i];
+      EXPECT_EQ(row.type, weft::dtype_name(dtype));
+      EXPECT_EQ(row.bytes, sizes[i]);
+      EXPECT_EQ(row.count, sizes[i] / weft::dtype_size(dtype));
+      EXPECT_EQ(row.placement[0].wrong, 0L) << row.type << " size " << row.bytes;
+    }
+  }
+  EXPECT_EQ(count_lines_starting(o.out, "# Out of bounds values : 0 OK"), 1u);
+}
+
+TEST(WeftPerfRun, ThreeRanks) {
+  Outcome o = run_perf(3, {"sendrecv", "-b", "1K", "-e", "512K", "-f", "8", "-n", "2", "-w", "1",
+                           "-d", "half", "-a", "3"});
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_EQ(count_lines_starting(o.out, "#  Rank "), 3u);
+  std::vector<TableRow> rows = table_rows(o.out);
+  ASSERT_EQ(rows.size(), geometric(1024, 512 << 10, 8).size());
+  for (const TableRow& row : rows) {
+    EXPECT_EQ(row.type, "half");
+    EXPECT_EQ(row.placement[0].wrong, 0L);
+    expect_algbw_matches_time(row, row.placement[0]);
+  }
+}
+
+// Field `key` of a flat JSON object (a number, null or a string without quotes inside).
+std::string json_field(const std::string& object, const std::string& key) {
+  std::smatch match;
+  const std::regex pattern("\"" + key + "\":(\"[^\"]*\"|[^,}]+)");
+  if (!std::regex_search(object, match, pattern)) return "<missing " + key + ">";
+  return match[1];
+}
+
+std::string json_object(const std::string& line, const std::string& key) {
+  const size_t start = line.find("\"" + key + "\":{");
+  if (start == std::string::npos) return "";
+  return line.substr(start, line.find('}', start) - start + 1);
+}
+
+TEST(WeftPerfRun, JsonRows) {
+  Outcome o =
+      run_perf(2, {"sendrecv", "--json", "-b", "8", "-e", "1M", "-f", "4", "-n", "3", "-w", "1"});
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  std::vector<size_t> sizes;
+  for (const std::string& line : lines_of(o.out)) {
+    ASSERT_TRUE(line.starts_with("{") && line.ends_with("}")) << "not a JSON row: " << line;
+    EXPECT_EQ(json_field(line, "collective"), "\"sendrecv\"");
+    EXPECT_EQ(json_field(line, "nranks"), "2");
+    EXPECT_EQ(json_field(line, "type"), "\"float\"");
+    EXPECT_EQ(json_field(line, "redop"), "\"none\"");
+    EXPECT_EQ(json_field(line, "root"), "-1");
+    const size_t bytes = std::stoul(json_field(line, "size_bytes"));
+    sizes.push_back(bytes);
+    EXPECT_EQ(std::stoul(json_field(line, "count")), bytes / sizeof(float));
+    const std::string out_of_place = json_object(line, "out_of_place");
+    const std::string in_place = json_object(line, "in_place");
+    EXPECT_EQ(json_field(out_of_place, "wrong"), "0") << line;
+    EXPECT_EQ(json_field(in_place, "wrong"), "null") << line;
+    for (const std::string& p : {out_of_place, in_place}) {
+      const double time_us = std::stod(json_field(p, "time_us"));
+      const double algbw = std::stod(json_field(p, "algbw_gbps"));
+      EXPECT_EQ(json_field(p, "busbw_gbps"), json_field(p, "algbw_gbps"));
+      // Six significant digits on both sides.
+      EXPECT_NEAR(algbw, static_cast<double>(bytes) / time_us / 1e3, 2e-5 * algbw) << line;
+    }
+  }
+  EXPECT_EQ(sizes, geometric(8, 1 << 20, 4));
+}
+
+// With the test hook, rank 1 flips one received element before its check: every checked
+// row reports exactly that element and the run fails.
+TEST(WeftPerfRun, CheckerCatchesCorruption) {
+  Outcome o = run_perf(2, {"sendrecv", "-b", "8", "-e", "64K", "-f", "8", "-n", "1", "-w", "0"},
+                       {{"WEFT_PERF_CORRUPT", "1"}});
+  EXPECT_NE(o.exit_code, 0) << o.out;
+  std::vector<TableRow> rows = table_rows(o.out);
+  ASSERT_EQ(rows.size(), geometric(8, 64 << 10, 8).size()) << o.out;
+  for (const TableRow& row : rows) EXPECT_EQ(row.placement[0].wrong, 1L) << "size " << row.bytes;
+  EXPECT_EQ(count_lines_starting(
+                o.out, "# Out of bounds values : " + std::to_string(rows.size()) + " FAILED"),
+            1u)
+      << o.out;
+}
+
+TEST(WeftPerfRun, NoCheckAndForcedAlgorithmAreReported) {
+  Outcome o = run_perf(
+      2, {"sendrecv", "-b", "64", "-e", "64", "-c", "0", "-A", "direct", "-n", "1", "-w", "0"});
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("algorithm: WEFT_ALGO=sendrecv:direct"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("validation: 0"), std::string::npos) << o.out;
+  std::vector<TableRow> rows = table_rows(o.out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].placement[0].wrong, std::nullopt);
+  EXPECT_EQ(rows[0].placement[1].wrong, std::nullopt);
+}
+
+TEST(WeftPerfRun, UnknownCollectiveIsAUsageError) {
+  Outcome o = run_perf(1, {"nosuchcollective"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.out, "");
+}
+
+}  // namespace
