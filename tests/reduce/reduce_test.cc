@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -91,20 +92,24 @@ uint64_t float_to_narrow(weftDataType_t t, float x) {
 
 // The documented semantics, one element at a time. fp32 results are computed
 // in double and rounded once, which equals the correctly rounded fp32 result
-// for + * / (53 >= 2 * 24 + 2).
+// for + * / (53 >= 2 * 24 + 2). Every NaN result is the one quiet NaN.
+template <class F>
+F canonical(F x) {
+  return std::isnan(x) ? std::numeric_limits<F>::quiet_NaN() : x;
+}
 template <class F>
 F combine_float(Op op, F a, F b) {
-  if (std::isnan(a)) return a;  // a's NaN wins
   using Wide = std::conditional_t<sizeof(F) == 4, double, F>;
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<F>::quiet_NaN();
   switch (op) {
     case Op::Sum:
-      return static_cast<F>(static_cast<Wide>(a) + static_cast<Wide>(b));
+      return canonical(static_cast<F>(static_cast<Wide>(a) + static_cast<Wide>(b)));
     case Op::Prod:
-      return static_cast<F>(static_cast<Wide>(a) * static_cast<Wide>(b));
+      return canonical(static_cast<F>(static_cast<Wide>(a) * static_cast<Wide>(b)));
     case Op::Max:
-      return std::isnan(b) ? b : (a > b ? a : b);
+      return a > b ? a : b;
     case Op::Min:
-      return std::isnan(b) ? b : (a < b ? a : b);
+      return a < b ? a : b;
   }
   return a;
 }
@@ -151,14 +156,14 @@ uint64_t ref_divide(weftDataType_t t, uint64_t a, uint64_t d) {
   if (t == weftFloat64) {
     double x;
     std::memcpy(&x, &a, 8);
-    x /= static_cast<double>(d);
+    x = canonical(x / static_cast<double>(d));
     uint64_t bits;
     std::memcpy(&bits, &x, 8);
     return bits;
   }
   float x =
       t == weftFloat32 ? testing::bits_float(static_cast<uint32_t>(a)) : narrow_to_float(t, a);
-  float q = static_cast<float>(static_cast<double>(x) / static_cast<float>(d));
+  float q = canonical(static_cast<float>(static_cast<double>(x) / static_cast<float>(d)));
   return t == weftFloat32 ? testing::float_bits(q) : float_to_narrow(t, q);
 }
 
@@ -411,6 +416,53 @@ TEST(ReduceConversions, BulkMatchesScalar) {
             << isa_name(isa) << " " << dtype_name(t) << " float bits " << std::hex
             << testing::float_bits(floats[i]);
       }
+    }
+  }
+}
+
+// The documented NaN of each floating type, whatever NaN went in, from
+// every op and from inf - inf, in every variant.
+TEST(ReduceNan, ResultsAreTheCanonicalQuietNan) {
+  struct Case {
+    weftDataType_t dtype;
+    uint64_t nan_in, one, inf, neg_inf, canonical;
+  };
+  const Case cases[] = {
+      {weftFloat32, 0xff812345, 0x3f800000, 0x7f800000, 0xff800000, 0x7fc00000},
+      {weftFloat64, 0xfff0000000000123, 0x3ff0000000000000, 0x7ff0000000000000, 0xfff0000000000000,
+       0x7ff8000000000000},
+      {weftFloat16, 0xfd23, 0x3c00, 0x7c00, 0xfc00, 0x7e00},
+      {weftBfloat16, 0xff85, 0x3f80, 0x7f80, 0xff80, 0x7fc0},
+      {weftFloat8e4m3, 0xff, 0x38, 0x7f, 0x7f, 0x7f},  // no inf: NaN stands in
+      {weftFloat8e5m2, 0xfd, 0x3c, 0x7c, 0xfc, 0x7e},
+  };
+  for (const Case& c : cases) {
+    size_t size = dtype_size(c.dtype);
+    // Pairs (a, b) whose result is NaN for every op.
+    const uint64_t pairs[][2] = {{c.nan_in, c.one}, {c.one, c.nan_in}, {c.nan_in, c.nan_in}};
+    std::vector<uint8_t> a(3 * size), b(3 * size), dst(3 * size);
+    for (size_t i = 0; i < 3; ++i) {
+      store_bits(a.data(), i, size, pairs[i][0]);
+      store_bits(b.data(), i, size, pairs[i][1]);
+    }
+    for (Isa isa : supported_isas()) {
+      const KernelTable& k = kernels(isa);
+      for (Op op : kOps) {
+        k.apply[c.dtype][static_cast<int>(op)](dst.data(), a.data(), b.data(), 3);
+        for (size_t i = 0; i < 3; ++i) {
+          EXPECT_EQ(load_bits(dst.data(), i, size), c.canonical)
+              << isa_name(isa) << " " << dtype_name(c.dtype) << " " << op_name(op) << " pair " << i;
+        }
+      }
+      store_bits(a.data(), 0, size, c.inf);
+      store_bits(b.data(), 0, size, c.neg_inf);
+      k.apply[c.dtype][static_cast<int>(Op::Sum)](dst.data(), a.data(), b.data(), 1);
+      EXPECT_EQ(load_bits(dst.data(), 0, size), c.canonical) << dtype_name(c.dtype) << " inf-inf";
+      store_bits(a.data(), 0, size, c.nan_in);
+      k.divide[c.dtype](dst.data(), a.data(), 3, 1);
+      EXPECT_EQ(load_bits(dst.data(), 0, size), c.canonical) << dtype_name(c.dtype) << " divide";
+      k.scale[c.dtype](dst.data(), b.data(), a.data(), 1);
+      EXPECT_EQ(load_bits(dst.data(), 0, size), c.canonical) << dtype_name(c.dtype) << " scale";
     }
   }
 }

@@ -1,22 +1,34 @@
 // The reduction kernels, written once over lanes and compiled once per
 // instruction set. reduce_scalar.cc, reduce_avx2.cc and reduce_avx512.cc each
-// include this file, the SIMD ones with WEFT_REDUCE_TARGET_PRAGMA set to a
-// `#pragma GCC target`, which then applies to everything below it in that
-// unit. All of it has internal linkage, so the linker can never hand an
-// AVX-512 copy of some inline function to scalar code on a CPU without it.
-// The standard headers are included first, outside the target switch.
+// include this file, the SIMD ones with WEFT_REDUCE_TARGET set to a target
+// string, which then applies to every function below it in that unit (GCC:
+// `#pragma GCC target`; clang: `#pragma clang attribute`, which such a unit
+// closes with WEFT_REDUCE_TARGET_END). All of it has internal linkage, so the
+// linker can never hand an AVX-512 copy of some inline function to scalar
+// code on a CPU without it. The standard headers are included first, outside
+// the target switch.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
 #include "core/reduce/kernel_table.h"
 
-#ifdef WEFT_REDUCE_TARGET_PRAGMA
-WEFT_REDUCE_TARGET_PRAGMA
+#define WEFT_REDUCE_PRAGMA_STRING(x) #x
+#define WEFT_REDUCE_PRAGMA(x) _Pragma(WEFT_REDUCE_PRAGMA_STRING(x))
+#if !defined(WEFT_REDUCE_TARGET)
+#define WEFT_REDUCE_TARGET_END
+#elif defined(__clang__)
+WEFT_REDUCE_PRAGMA(clang attribute push(__attribute__((target(WEFT_REDUCE_TARGET))),
+                                        apply_to = function))
+#define WEFT_REDUCE_TARGET_END WEFT_REDUCE_PRAGMA(clang attribute pop)
+#else
+WEFT_REDUCE_PRAGMA(GCC target(WEFT_REDUCE_TARGET))
+#define WEFT_REDUCE_TARGET_END
 #endif
 
 #include "core/reduce/float_format.h"
@@ -105,30 +117,40 @@ struct Kernels {
     }
   };
 
+  // Every NaN result becomes the one quiet NaN: which NaN x86 returns
+  // depends on operand order, and compilers reorder (and fold) freely.
+  // nan: where the result is NaN (a comparison mask).
+  template <class V, class M>
+  static V canonical(M nan, V r) {
+    if constexpr (kFloatLanes<V>) {
+      return select(nan, splat<V>(std::numeric_limits<typename LaneOf<V>::type>::quiet_NaN()), r);
+    } else {
+      return r;
+    }
+  }
+
   template <Op kOp>
   struct Combine {
     template <class V>
     V operator()(V a, V b) const {
-      V r;
       if constexpr (kOp == Op::Sum) {
-        r = static_cast<V>(a + b);
+        V r = static_cast<V>(a + b);
+        return canonical(r != r, r);
       } else if constexpr (kOp == Op::Prod) {
-        r = static_cast<V>(a * b);
-      } else if constexpr (kOp == Op::Max) {
-        r = select(a > b, a, b);  // a NaN b gives b
+        V r = static_cast<V>(a * b);
+        return canonical(r != r, r);
+      } else if constexpr (kOp == Op::Max) {  // NaN in either input propagates
+        return canonical((a != a) | (b != b), select(a > b, a, b));
       } else {
-        r = select(a < b, a, b);
+        return canonical((a != a) | (b != b), select(a < b, a, b));
       }
-      // A NaN in a wins. Without this rule which NaN comes out would depend on
-      // the operand order the compiler picked (x86 returns the first's).
-      if constexpr (kFloatLanes<V>) r = select(a != a, a, r);
-      return r;
     }
   };
   struct Quotient {
     template <class V>
     V operator()(V a, V b) const {
-      return a / b;
+      V r = a / b;
+      return canonical(r != r, r);
     }
   };
   struct First {

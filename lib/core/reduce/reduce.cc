@@ -2,6 +2,10 @@
 
 #include <strings.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -26,12 +30,19 @@ constexpr DtypeInfo kDtypes[kNumDtypes] = {
 
 constexpr const char* kIsaNames[kNumIsas] = {"scalar", "avx2", "avx512"};
 
+#if defined(__x86_64__)
+// Not every compiler's __builtin_cpu_supports knows F16C: CPUID leaf 1 does.
+bool cpu_has_f16c() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool cpu_runs(Isa isa) {
 #if defined(__x86_64__)
-  // libgcc also checks that the OS saves the AVX / AVX-512 registers.
+  // The runtime also checks that the OS saves the AVX / AVX-512 registers.
   __builtin_cpu_init();
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-              __builtin_cpu_supports("f16c");
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   switch (isa) {
     case Isa::Scalar:
       return true;

@@ -25,9 +25,11 @@ const char* dtype_name(weftDataType_t dtype);
 // Integers wrap (unsigned arithmetic). fp16/bf16/fp8 are computed in fp32 and
 // rounded to nearest even (fp8 saturating, see numeric_types.h).
 // NaN: every op propagates NaN (Max/Min included: either input NaN gives
-// NaN). The NaN is a[i]'s when a[i] is NaN, else b[i]'s (a signalling b[i]
-// may come out quiet): a fixed rule, so that all instruction sets agree bit
-// for bit. Max/Min of equal values (+0 and -0) return b[i].
+// NaN), and every NaN result, here and in divide/scale, is the one quiet NaN
+// of the type: fp32 0x7fc00000, fp64 0x7ff8000000000000, fp16 0x7e00, bf16
+// 0x7fc0, e4m3 0x7f, e5m2 0x7e. Which NaN x86 returns depends on operand
+// order, which compilers choose; this rule keeps every instruction set and
+// compiler bit-identical. Max/Min of equal values (+0 and -0) return b[i].
 // An invalid dtype writes nothing.
 void apply(weftDataType_t dtype, Op op, void* dst, const void* a, const void* b, size_t count);
 

@@ -1,7 +1,7 @@
 // AVX2 variant: 256-bit vectors; fp16 and fp8 through F16C.
 #include <immintrin.h>
 
-#define WEFT_REDUCE_TARGET_PRAGMA _Pragma("GCC target(\"avx2,fma,f16c\")")
+#define WEFT_REDUCE_TARGET "avx2,fma,f16c"
 #include "core/reduce/kernels.h"
 
 namespace weft::reduce {
@@ -48,3 +48,5 @@ struct Avx2 {
 constinit const KernelTable kAvx2Kernels = Kernels<Avx2>::table();
 
 }  // namespace weft::reduce
+
+WEFT_REDUCE_TARGET_END

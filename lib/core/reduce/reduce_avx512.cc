@@ -2,13 +2,16 @@
 // AVX-512F fp16 conversions.
 // GCC 12 warns about the _mm512_undefined_*() inside its own intrinsics
 // (GCC bug 105593, fixed in 13).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
-#define WEFT_REDUCE_TARGET_PRAGMA \
-  _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c\")")
+#define WEFT_REDUCE_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"
 #include "core/reduce/kernels.h"
 
 namespace weft::reduce {
@@ -50,3 +53,5 @@ struct Avx512 {
 constinit const KernelTable kAvx512Kernels = Kernels<Avx512>::table();
 
 }  // namespace weft::reduce
+
+WEFT_REDUCE_TARGET_END
