@@ -21,7 +21,6 @@ Geometry whole(size_t count, size_t, int) {
 using Kind = Source::Kind;
 
 // The collectives proper arrive with the library's collectives.
-#ifdef WEFT_HAVE_COLLECTIVES
 
 constexpr weftStream_t kNoStream = nullptr;
 
@@ -74,10 +73,8 @@ Source from_block_owner(const Geometry& g, size_t recv_index) {
   return {Kind::kCopy, static_cast<int>(recv_index / g.param_count), recv_index % g.param_count};
 }
 
-#endif  // WEFT_HAVE_COLLECTIVES
 
 const Collective kCollectives[] = {
-#ifdef WEFT_HAVE_COLLECTIVES
     {.name = "allreduce",
      .reduces = true,
      .rooted = false,
@@ -188,7 +185,6 @@ const Collective kCollectives[] = {
          [](const CallArgs& a) {
            return weftScatter(a.send, a.recv, a.count, a.dtype, a.root, a.comm, kNoStream);
          }},
-#endif
     // Each rank sends to the next and receives from the previous, as one group. In place
     // (nccl-tests' convention: zero offsets), the same buffer is sent and received into.
     {.name = "sendrecv",

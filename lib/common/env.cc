@@ -29,6 +29,12 @@ constexpr EnvVar kEnvTable[] = {
      "32 hex digits: the 128-bit secret every rank presents to the rendezvous in "
      "weftCommInitFromEnv (weftrun sets a random one)."},
     {"WEFT_LOCAL_RANK", "", "Rank within this node, set by weftrun (informational)."},
+    {"WEFT_ALGO", "",
+     "Force algorithms per collective, e.g. allreduce:ring,allgather:bruck (names: ring, tree, "
+     "rhd, rd, bruck, pairwise, binomial, chain, dissemination)."},
+    {"WEFT_REDUCE_ISA", "",
+     "Force the reduction kernels' instruction set: scalar, avx2 or avx512 (clamped to what the "
+     "CPU has)."},
 };
 }  // namespace
 

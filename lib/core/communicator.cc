@@ -1,6 +1,7 @@
 #include "core/communicator.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -276,7 +277,11 @@ Status ProgressLoop::poll() {
 }
 
 void ProgressLoop::idle(Deadline deadline) {
-  if (Clock::now() < spin_until_) return;
+  if (Clock::now() < spin_until_) {
+    // Oversubscribed cores are normal: let a runnable peer have ours.
+    sched_yield();
+    return;
+  }
   for (Communicator* comm : comms_)
     if (!comm->transport().arm()) return;  // events pending: progress again
   fds_.clear();
