@@ -31,7 +31,7 @@ struct Outcome {
 // to explain failures). WEFT_ROOT/WEFT_SECRET from the test's environment are dropped so
 // weftrun picks fresh ones; weftrun's own timeout guards against a hang.
 Outcome run_perf(int nranks, const std::vector<std::string>& args,
-                 const std::map<std::string, std::string>& env = {}) {
+                 const std::map<std::string, std::string>& env = {}, bool with_stderr = false) {
   std::vector<std::string> argv_text = {
       WEFTRUN_PATH, "-n", std::to_string(nranks), "--timeout", "60", "--no-prefix", WEFT_PERF_PATH};
   argv_text.insert(argv_text.end(), args.begin(), args.end());
@@ -58,6 +58,7 @@ Outcome run_perf(int nranks, const std::vector<std::string>& args,
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  if (with_stderr) posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDERR_FILENO);
   posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
   pid_t pid;
   Outcome outcome;
@@ -277,14 +278,20 @@ TEST(WeftPerfRun, CheckerCatchesCorruption) {
 
 TEST(WeftPerfRun, NoCheckAndForcedAlgorithmAreReported) {
   Outcome o = run_perf(
-      2, {"sendrecv", "-b", "64", "-e", "64", "-c", "0", "-A", "direct", "-n", "1", "-w", "0"});
+      2, {"allreduce", "-b", "64", "-e", "64", "-c", "0", "-A", "rhd", "-n", "1", "-w", "0"});
   ASSERT_EQ(o.exit_code, 0) << o.out;
-  EXPECT_NE(o.out.find("algorithm: WEFT_ALGO=sendrecv:direct"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("algorithm: WEFT_ALGO=allreduce:rhd"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("validation: 0"), std::string::npos) << o.out;
   std::vector<TableRow> rows = table_rows(o.out);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].placement[0].wrong, std::nullopt);
   EXPECT_EQ(rows[0].placement[1].wrong, std::nullopt);
+}
+
+TEST(WeftPerfRun, InapplicableAlgorithmFailsWithTheValidNames) {
+  Outcome o = run_perf(2, {"allgather", "-b", "64", "-e", "64", "-A", "binomial"}, {}, true);
+  EXPECT_EQ(o.exit_code, 3) << o.out;
+  EXPECT_NE(o.out.find("valid: ring"), std::string::npos) << o.out;
 }
 
 TEST(WeftPerfRun, UnknownCollectiveIsAUsageError) {
