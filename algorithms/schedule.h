@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,16 +98,23 @@ struct Params {
   Algorithm algorithm = Algorithm::Ring;
   int nranks = 1;
   int rank = 0;
-  int root = 0;            // Broadcast, Reduce, Gather, Scatter
-  uint64_t count = 0;      // per collective, as the C API's count argument
-  uint64_t chunk = 0;      // max elements per message (0: no chunking)
-  bool in_place = false;   // Input/Output alias as described above
+  int root = 0;           // Broadcast, Reduce, Gather, Scatter
+  uint64_t count = 0;     // per collective, as the C API's count argument
+  uint64_t chunk = 0;     // max elements per message (0: no chunking)
+  bool in_place = false;  // Input/Output alias as described above
   // AllToAllv only (elements, indexed by peer; nranks entries each).
   const uint64_t* send_counts = nullptr;
   const uint64_t* send_displs = nullptr;
   const uint64_t* recv_counts = nullptr;
   const uint64_t* recv_displs = nullptr;
 };
+
+// Elements of the Input and Output buffers this rank's program may touch. 0
+// where NCCL leaves a buffer unused on this rank: Input at a non-root
+// Broadcast or Scatter rank, Output at a non-root Reduce or Gather rank.
+// AllToAllv: the furthest end of this rank's displacement + count pairs.
+uint64_t input_count(const Params& params);
+uint64_t output_count(const Params& params);
 
 // Whether `algorithm` implements `collective` (for any nranks).
 bool supports(Algorithm algorithm, Collective collective);
