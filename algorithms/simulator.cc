@@ -831,6 +831,7 @@ void Simulator::check_barrier() {
 RankStats count_program(const Program& program, uint64_t element_size) {
   RankStats stats;
   stats.steps = program.steps.size();
+  stats.scratch = program.scratch_count;
   for (const Step& s : program.steps) {
     if (s.kind != StepKind::Send) continue;
     ++stats.messages;

@@ -63,6 +63,7 @@ struct RankStats {
   uint64_t messages = 0;    // sends
   uint64_t bytes_sent = 0;  // elements sent * element_size
   uint64_t largest = 0;     // elements in the largest message sent
+  uint64_t scratch = 0;     // Program::scratch_count
   uint32_t rounds = 0;      // communication rounds before this rank's last step completes
 };
 

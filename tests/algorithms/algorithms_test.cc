@@ -14,7 +14,6 @@
 #include "test_pairs.h"
 
 namespace weft::algo {
-
 namespace {
 
 struct Case {
@@ -72,6 +71,10 @@ SimOptions options_for(const Case& c) {
   return options;
 }
 
+// Runs one case; below kHazardSweep ranks every program must also have been
+// checked for races.
+constexpr int kHazardSweep = 64;
+
 void expect_ok(const Case& c, uint64_t order_seed = 0) {
   Case run = c;
   if (c.pair.second == Collective::AllToAllv) run.in_place = false;
@@ -80,6 +83,9 @@ void expect_ok(const Case& c, uint64_t order_seed = 0) {
   const SimResult res = simulate(run.params(), options);
   ASSERT_TRUE(res.ok()) << c.text() << "\n" << res.message();
   EXPECT_TRUE(res.values_checked || c.pair.second == Collective::Barrier) << c.text();
+  if (c.nranks <= kHazardSweep) {
+    EXPECT_TRUE(res.hazards_checked) << c.text();
+  }
   if (c.chunk > 0) {
     for (const RankStats& r : res.ranks) ASSERT_LE(r.largest, c.chunk) << c.text();
   }
@@ -89,14 +95,15 @@ class EveryPair : public ::testing::TestWithParam<Pair> {};
 
 TEST_P(EveryPair, RankCountsUpTo64) {
   const Pair pair = GetParam();
-  for (int n = 1; n <= 64; ++n) {
+  for (int n = 1; n <= kHazardSweep; ++n) {
     std::vector<int> roots = {0};
     if (rooted(pair.second) && n > 1) roots = {n - 1, n / 3};
     // A count that n does not divide matters where the vector is split
     // among ranks; elsewhere count is already a per-rank block.
     const uint64_t odd = whole_vector(pair.second) ? 3 * n + 1 : 11;
     for (uint64_t count : {uint64_t{0}, uint64_t{1}, uint64_t{7}, odd}) {
-      for (uint64_t chunk : {uint64_t{0}, uint64_t{2}}) {
+      // Chunks of 2 or 3 elements: blocks then differ in their chunk counts.
+      for (uint64_t chunk : {uint64_t{0}, uint64_t(2 + n % 2)}) {
         if (chunk > 0 && count < 3) continue;
         for (bool in_place : {false, true}) {
           for (int root : roots) {

@@ -97,23 +97,25 @@ uint64_t steps_of(Params params, int rank) {
   return weft::algo::build(params, &program, &error) ? program.steps.size() : 0;
 }
 
-void print_row(Algorithm algorithm, const std::vector<weft::algo::RankStats>& stats,
+void print_row(Algorithm algorithm, uint64_t dtype, const std::vector<weft::algo::RankStats>& stats,
                const std::string& rounds, const char* check, const std::string& note) {
-  uint64_t max_steps = 0, max_msgs = 0, max_bytes = 0;
+  uint64_t max_steps = 0, max_msgs = 0, max_bytes = 0, max_scratch = 0;
   double sum_steps = 0, sum_msgs = 0, sum_bytes = 0;
   for (const auto& r : stats) {
     max_steps = std::max(max_steps, r.steps);
     max_msgs = std::max(max_msgs, r.messages);
     max_bytes = std::max(max_bytes, r.bytes_sent);
+    max_scratch = std::max(max_scratch, r.scratch);
     sum_steps += static_cast<double>(r.steps);
     sum_msgs += static_cast<double>(r.messages);
     sum_bytes += static_cast<double>(r.bytes_sent);
   }
   const double ranks = static_cast<double>(std::max<size_t>(stats.size(), 1));
-  printf("%-14s %9" PRIu64 " %11.1f %9" PRIu64 " %10.1f %12s %12s %7s  %-4s %s\n",
+  printf("%-14s %9" PRIu64 " %11.1f %9" PRIu64 " %10.1f %12s %12s %12s %7s  %-4s %s\n",
          weft::algo::algorithm_name(algorithm), max_steps, sum_steps / ranks, max_msgs,
          sum_msgs / ranks, human(static_cast<double>(max_bytes)).c_str(),
-         human(sum_bytes / ranks).c_str(), rounds.c_str(), check, note.c_str());
+         human(sum_bytes / ranks).c_str(), human(static_cast<double>(max_scratch * dtype)).c_str(),
+         rounds.c_str(), check, note.c_str());
 }
 
 // One table row; returns whether every check passed.
@@ -135,7 +137,7 @@ bool report(const Params& full, uint64_t dtype) {
       if (!weft::algo::build(p, &program, &error)) return false;
       stats.push_back(weft::algo::count_program(program, dtype));
     }
-    print_row(full.algorithm, stats, "-", "-",
+    print_row(full.algorithm, dtype, stats, "-", "-",
               "not simulated (about " + std::to_string(biggest * n) +
                   " steps in all); counts from each rank's program");
     return true;
@@ -163,7 +165,8 @@ bool report(const Params& full, uint64_t dtype) {
     note = "values checked at full size";
   }
   if (!result.hazards_checked) note += "; hazards checked only on ranks with <= 8192 steps";
-  print_row(full.algorithm, result.ranks, std::to_string(result.rounds), ok ? "ok" : "FAIL", note);
+  print_row(full.algorithm, dtype, result.ranks, std::to_string(result.rounds), ok ? "ok" : "FAIL",
+            note);
   return ok;
 }
 
@@ -237,9 +240,10 @@ int main(int argc, char** argv) {
          argv[1], params.nranks, params.count, dtype, params.chunk, params.root,
          params.in_place ? "in place" : "out of place");
   printf(
-      "# steps, messages and bytes are per rank (max, avg) at full size; rounds = critical path\n");
-  printf("%-14s %9s %11s %9s %10s %12s %12s %7s  %s\n", "algo", "steps.max", "steps.avg",
-         "msgs.max", "msgs.avg", "sent.max", "sent.avg", "rounds", "check");
+      "# steps, messages, bytes sent and scratch are per rank (max, avg) at full size;\n"
+      "# rounds = critical path: the longest chain of dependent messages\n");
+  printf("%-14s %9s %11s %9s %10s %12s %12s %12s %7s  %s\n", "algo", "steps.max", "steps.avg",
+         "msgs.max", "msgs.avg", "sent.max", "sent.avg", "scratch.max", "rounds", "check");
   bool ok = true;
   for (Algorithm a : algorithms) {
     params.algorithm = a;
