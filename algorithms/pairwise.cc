@@ -58,9 +58,12 @@ void pairwise_reduce_scatter(const Params& p, Emitter& e) {
   }
 }
 
-// Out of place every exchange is independent. In place the partner's block
-// is received into a slot and copied over the outgoing block once that has
-// been sent.
+// Out of place every exchange is independent: program order (round by
+// round) is the intended posting order, so an executor that bounds its
+// operations in flight gets the one-partner-at-a-time schedule. In place the
+// partner's block is received into a slot and copied over the outgoing
+// block once that has been sent; kPipelineDepth slots bound the rounds in
+// flight.
 void pairwise_alltoall(const Params& p, Emitter& e) {
   const PeerBlocks blocks = peer_blocks(p);
   const int r = p.rank;

@@ -10,7 +10,6 @@
 #include "test_pairs.h"
 
 namespace weft::algo {
-
 namespace {
 
 Step make(StepKind kind, int peer, Range a, Range b, Range dst) {

@@ -31,7 +31,8 @@ void usage() {
           "usage: weft-sim <collective> --algo <name|all> -n <ranks> --bytes <size>\n"
           "                [--dtype-size <bytes>] [--chunk <bytes>] [--root <rank>] [--in-place]\n"
           "sizes take K/M/G suffixes (powers of 1024); --bytes is the collective's buffer\n"
-          "size as nccl-tests counts it (per-rank total for gather-like collectives)\n");
+          "size as nccl-tests counts it (per-rank total for gather-like collectives);\n"
+          "alltoallv sends every peer the same count\n");
 }
 
 bool parse_size(const char* text, uint64_t* out) {
