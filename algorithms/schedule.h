@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,6 +108,13 @@ struct Params {
   const uint64_t* recv_counts = nullptr;
   const uint64_t* recv_displs = nullptr;
 };
+
+// Elements of the Input and Output buffers this rank's program may touch. 0
+// where NCCL leaves a buffer unused on this rank: Input at a non-root
+// Broadcast or Scatter rank, Output at a non-root Reduce or Gather rank.
+// AllToAllv: the furthest end of this rank's displacement + count pairs.
+uint64_t input_count(const Params& params);
+uint64_t output_count(const Params& params);
 
 // Whether `algorithm` implements `collective` (for any nranks).
 bool supports(Algorithm algorithm, Collective collective);
