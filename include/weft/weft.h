@@ -81,8 +81,10 @@ typedef struct {
 } weftUniqueId;
 
 typedef struct weftComm* weftComm_t;
-/* Streams arrive with their own API; NULL means "complete before returning". */
+/* An ordered queue of operations run by Weft's progress thread. Passing NULL
+ * instead makes a call complete before it returns. */
 typedef struct weftStream* weftStream_t;
+typedef struct weftEvent* weftEvent_t;
 
 #define WEFT_SPLIT_NOCOLOR (-1)
 #define WEFT_CONFIG_UNDEF_INT INT_MIN
@@ -170,22 +172,43 @@ WEFT_API weftResult_t weftBroadcast(const void* sendbuff, void* recvbuff, size_t
 WEFT_API weftResult_t weftBcast(void* buff, size_t count, weftDataType_t datatype, int root,
                                 weftComm_t comm, weftStream_t stream);
 WEFT_API weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                 weftDataType_t datatype, weftRedOp_t op, int root,
-                                 weftComm_t comm, weftStream_t stream);
+                                 weftDataType_t datatype, weftRedOp_t op, int root, weftComm_t comm,
+                                 weftStream_t stream);
 WEFT_API weftResult_t weftAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                                    weftDataType_t datatype, weftComm_t comm, weftStream_t stream);
 /* Per-peer counts and displacements, in elements. */
 WEFT_API weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[],
                                     const size_t sdispls[], void* recvbuff,
                                     const size_t recvcounts[], const size_t rdispls[],
-                                    weftDataType_t datatype, weftComm_t comm,
-                                    weftStream_t stream);
+                                    weftDataType_t datatype, weftComm_t comm, weftStream_t stream);
 WEFT_API weftResult_t weftGather(const void* sendbuff, void* recvbuff, size_t count,
                                  weftDataType_t datatype, int root, weftComm_t comm,
                                  weftStream_t stream);
 WEFT_API weftResult_t weftScatter(const void* sendbuff, void* recvbuff, size_t count,
                                   weftDataType_t datatype, int root, weftComm_t comm,
                                   weftStream_t stream);
+
+/* Streams and events. A stream runs its operations in order; different
+ * streams run concurrently; an operation enqueued on a stream returns at once
+ * and its buffers must stay valid until the stream passes it. Failures reach
+ * weftStreamSynchronize / weftEventSynchronize (and weftCommGetAsyncError);
+ * after a failure every operation queued behind it completes with that error.
+ * Every operation of a group must use the same stream; the group runs on it
+ * as one unit. weftStreamDestroy drains the stream's work first. */
+WEFT_API weftResult_t weftStreamCreate(weftStream_t* stream);
+WEFT_API weftResult_t weftStreamDestroy(weftStream_t stream);
+WEFT_API weftResult_t weftStreamSynchronize(weftStream_t stream);
+/* weftSuccess when all queued work is done, weftInProgress while some is
+ * pending, or the stream's error. */
+WEFT_API weftResult_t weftStreamQuery(weftStream_t stream);
+/* The stream waits (without blocking the caller) until the event's last
+ * record has been reached; an event never recorded is no wait at all. */
+WEFT_API weftResult_t weftStreamWaitEvent(weftStream_t stream, weftEvent_t event);
+WEFT_API weftResult_t weftEventCreate(weftEvent_t* event);
+WEFT_API weftResult_t weftEventRecord(weftEvent_t event, weftStream_t stream);
+WEFT_API weftResult_t weftEventSynchronize(weftEvent_t event);
+WEFT_API weftResult_t weftEventQuery(weftEvent_t event);
+WEFT_API weftResult_t weftEventDestroy(weftEvent_t event);
 
 /* Pre-multiplied sum: every rank's input is multiplied by *scalar (one value
  * of datatype) before summing. Values equal ncclScalarResidence_t. */

@@ -10,10 +10,11 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "core/bootstrap.h"
+#include "core/collectives.h"
 #include "core/communicator.h"
 #include "core/env_launch.h"
-#include "core/collectives.h"
 #include "core/group.h"
+#include "core/stream.h"
 #include "weft/weft.h"
 
 using weft::Error;
@@ -62,8 +63,7 @@ Status read_config(const weftConfig_t* config, weft::CommConfig* out) {
   }
   if (has(offsetof(weftConfig_t, commName), sizeof(const char*)) && config->commName != nullptr)
     out->name = config->commName;
-  if (has(offsetof(weftConfig_t, algorithms), sizeof(const char*)) &&
-      config->algorithms != nullptr)
+  if (has(offsetof(weftConfig_t, algorithms), sizeof(const char*)) && config->algorithms != nullptr)
     out->algorithms = config->algorithms;
   return Status::Ok();
 }
@@ -96,6 +96,22 @@ Status init_rank(weftComm_t* comm, int nranks, const weftUniqueId& id, int rank,
   return Status::Ok();
 }
 
+// The stream behind a handle: null for NULL, an error for anything else unknown.
+Status resolve_stream(weftStream_t stream, weft::Stream** out) {
+  *out = reinterpret_cast<weft::Stream*>(stream);
+  if (stream != nullptr && (*out)->magic != weft::Stream::kMagic)
+    return Error(weftInvalidArgument, "stream is not a weftStream_t (destroyed?)");
+  return Status::Ok();
+}
+
+Status resolve_event(weftEvent_t event, weft::Event** out) {
+  *out = reinterpret_cast<weft::Event*>(event);
+  if (event == nullptr) return Error(weftInvalidArgument, "event is NULL");
+  if ((*out)->magic != weft::Event::kMagic)
+    return Error(weftInvalidArgument, "event is not a weftEvent_t (destroyed?)");
+  return Status::Ok();
+}
+
 // Validates a point-to-point call and hands it to the group machinery.
 Status p2p(void* buffer, size_t count, weftDataType_t datatype, int peer, weftComm_t comm,
            weftStream_t stream, bool is_send) {
@@ -114,9 +130,9 @@ Status p2p(void* buffer, size_t count, weftDataType_t datatype, int peer, weftCo
                  is_send ? "sendbuff" : "recvbuff", count);
   if (peer < 0 || peer >= impl->nranks())
     return Error(weftInvalidArgument, "peer %d is out of range [0, %d)", peer, impl->nranks());
-  if (stream != nullptr)
-    return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
-  return weft::submit_p2p({impl, is_send, buffer, count * element, peer});
+  weft::Stream* queue = nullptr;
+  WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+  return weft::submit_p2p({impl, is_send, buffer, count * element, peer}, queue);
 }
 
 using Coll = weft::algo::Collective;
@@ -124,9 +140,9 @@ using Coll = weft::algo::Collective;
 Status run_collective(const weft::CollectiveCall& call, weftComm_t comm, weftStream_t stream) {
   weft::Communicator* impl = nullptr;
   WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
-  if (stream != nullptr)
-    return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
-  return weft::submit_collective(*impl, call);
+  weft::Stream* queue = nullptr;
+  WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+  return weft::submit_collective(*impl, call, queue);
 }
 
 Status collective(Coll kind, const void* send, void* recv, size_t count, weftDataType_t dtype,
@@ -259,6 +275,8 @@ weftResult_t weftCommDestroy(weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    // Queued stream work on this communicator finishes (or fails) first.
+    weft::StreamEngine::instance().wait_for_comm(impl);
     Status finalized = impl->finalize();
     weft::retire_comm(comm);
     return finalized;
@@ -270,7 +288,8 @@ weftResult_t weftCommAbort(weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
-    impl->abort();
+    impl->abort();  // queued stream work fails promptly
+    weft::StreamEngine::instance().wait_for_comm(impl);
     weft::retire_comm(comm);
     return Status::Ok();
   };
@@ -311,11 +330,9 @@ weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
-    if (stream != nullptr)
-      return Error(weftInvalidArgument, "stream must be NULL until Weft streams are available");
     weft::CollectiveCall call;
     call.collective = weft::algo::Collective::Barrier;
-    return weft::submit_collective(*impl, call);
+    return run_collective(call, comm, stream);
   };
   return report_call(run(), __func__);
 }
@@ -323,17 +340,17 @@ weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream) {
 weftResult_t weftAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
                            weftStream_t stream) {
-  return report_call(collective(Coll::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm,
-                                stream),
-                     __func__);
+  return report_call(
+      collective(Coll::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm, stream),
+      __func__);
 }
 
 weftResult_t weftReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
                                weftStream_t stream) {
-  return report_call(collective(Coll::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op,
-                                0, comm, stream),
-                     __func__);
+  return report_call(
+      collective(Coll::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream),
+      __func__);
 }
 
 weftResult_t weftAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
@@ -346,21 +363,20 @@ weftResult_t weftAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 weftResult_t weftBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            weftDataType_t datatype, int root, weftComm_t comm,
                            weftStream_t stream) {
-  return report_call(collective(Coll::Broadcast, sendbuff, recvbuff, count, datatype, weftSum,
-                                root, comm, stream),
-                     __func__);
+  return report_call(
+      collective(Coll::Broadcast, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
+      __func__);
 }
 
-weftResult_t weftBcast(void* buff, size_t count, weftDataType_t datatype, int root,
-                       weftComm_t comm, weftStream_t stream) {
+weftResult_t weftBcast(void* buff, size_t count, weftDataType_t datatype, int root, weftComm_t comm,
+                       weftStream_t stream) {
   return report_call(
       collective(Coll::Broadcast, buff, buff, count, datatype, weftSum, root, comm, stream),
       __func__);
 }
 
-weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count,
-                        weftDataType_t datatype, weftRedOp_t op, int root, weftComm_t comm,
-                        weftStream_t stream) {
+weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count, weftDataType_t datatype,
+                        weftRedOp_t op, int root, weftComm_t comm, weftStream_t stream) {
   return report_call(
       collective(Coll::Reduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream),
       __func__);
@@ -368,9 +384,9 @@ weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count,
 
 weftResult_t weftAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                           weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
-  return report_call(collective(Coll::AllToAll, sendbuff, recvbuff, count, datatype, weftSum, 0,
-                                comm, stream),
-                     __func__);
+  return report_call(
+      collective(Coll::AllToAll, sendbuff, recvbuff, count, datatype, weftSum, 0, comm, stream),
+      __func__);
 }
 
 weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
@@ -391,8 +407,8 @@ weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[], cons
   return report_call(run(), __func__);
 }
 
-weftResult_t weftGather(const void* sendbuff, void* recvbuff, size_t count,
-                        weftDataType_t datatype, int root, weftComm_t comm, weftStream_t stream) {
+weftResult_t weftGather(const void* sendbuff, void* recvbuff, size_t count, weftDataType_t datatype,
+                        int root, weftComm_t comm, weftStream_t stream) {
   return report_call(
       collective(Coll::Gather, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
       __func__);
@@ -403,6 +419,121 @@ weftResult_t weftScatter(const void* sendbuff, void* recvbuff, size_t count,
   return report_call(
       collective(Coll::Scatter, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
       __func__);
+}
+
+weftResult_t weftStreamCreate(weftStream_t* stream) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(stream, "stream"));
+    auto* created = new weft::Stream();
+    weft::StreamEngine::instance().add_stream(created);
+    *stream = reinterpret_cast<weftStream_t>(created);
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftStreamDestroy(weftStream_t stream) {
+  auto run = [&]() -> Status {
+    weft::Stream* queue = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+    if (queue == nullptr) return Error(weftInvalidArgument, "stream is NULL");
+    Status drained = weft::StreamEngine::instance().remove_stream(queue);
+    queue->magic = 0;
+    delete queue;
+    return drained;
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftStreamSynchronize(weftStream_t stream) {
+  auto run = [&]() -> Status {
+    weft::Stream* queue = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+    if (queue == nullptr) return Status::Ok();  // the NULL stream is always done
+    return weft::StreamEngine::instance().synchronize(queue);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftStreamQuery(weftStream_t stream) {
+  auto run = [&]() -> Status {
+    weft::Stream* queue = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+    if (queue == nullptr) return Status::Ok();
+    return weft::StreamEngine::instance().query(queue);
+  };
+  Status status = run();
+  return status.code() == weftInProgress ? weftInProgress : report(status, __func__);
+}
+
+weftResult_t weftStreamWaitEvent(weftStream_t stream, weftEvent_t event) {
+  auto run = [&]() -> Status {
+    weft::Stream* queue = nullptr;
+    weft::Event* marker = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+    WEFT_RETURN_IF_ERROR(resolve_event(event, &marker));
+    if (queue == nullptr) return weft::StreamEngine::instance().event_synchronize(marker);
+    weft::StreamEngine::instance().enqueue_wait(queue, marker);
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftEventCreate(weftEvent_t* event) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(event, "event"));
+    *event = reinterpret_cast<weftEvent_t>(new weft::Event());
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftEventRecord(weftEvent_t event, weftStream_t stream) {
+  auto run = [&]() -> Status {
+    weft::Stream* queue = nullptr;
+    weft::Event* marker = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_event(event, &marker));
+    WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+    if (queue == nullptr)
+      return Error(weftInvalidArgument,
+                   "stream is NULL: NULL-stream work is complete at once, "
+                   "so there is nothing to record");
+    weft::StreamEngine::instance().enqueue_record(queue, marker);
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftEventSynchronize(weftEvent_t event) {
+  auto run = [&]() -> Status {
+    weft::Event* marker = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_event(event, &marker));
+    return weft::StreamEngine::instance().event_synchronize(marker);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftEventQuery(weftEvent_t event) {
+  auto run = [&]() -> Status {
+    weft::Event* marker = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_event(event, &marker));
+    return weft::StreamEngine::instance().event_query(marker);
+  };
+  Status status = run();
+  return status.code() == weftInProgress ? weftInProgress : report(status, __func__);
+}
+
+weftResult_t weftEventDestroy(weftEvent_t event) {
+  auto run = [&]() -> Status {
+    weft::Event* marker = nullptr;
+    WEFT_RETURN_IF_ERROR(resolve_event(event, &marker));
+    // Streams may still refer to it: wait until they have passed it.
+    weft::StreamEngine::instance().forget_event(marker);
+    marker->magic = 0;
+    delete marker;
+    return Status::Ok();
+  };
+  return report(run(), __func__);
 }
 
 weftResult_t weftRedOpCreatePreMulSum(weftRedOp_t* op, void* scalar, weftDataType_t datatype,

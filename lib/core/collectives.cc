@@ -28,7 +28,9 @@ bool is_rooted(algo::Collective collective) {
          collective == algo::Collective::Gather || collective == algo::Collective::Scatter;
 }
 
-const char* name_of(algo::Collective collective) { return algo::collective_name(collective); }
+const char* name_of(algo::Collective collective) {
+  return algo::collective_name(collective);
+}
 
 // Whether the call uses NCCL's in-place layout for its collective.
 bool detect_in_place(const CollectiveCall& call, int rank, size_t element) {
@@ -37,11 +39,16 @@ bool detect_in_place(const CollectiveCall& call, int rank, size_t element) {
   if (send == nullptr || recv == nullptr) return false;
   uint64_t piece = call.count * element;
   switch (call.collective) {
-    case algo::Collective::AllGather: return send == recv + rank * piece;
-    case algo::Collective::ReduceScatter: return recv == send + rank * piece;
-    case algo::Collective::Gather: return rank == call.root && send == recv + rank * piece;
-    case algo::Collective::Scatter: return rank == call.root && recv == send + rank * piece;
-    default: return send == recv;
+    case algo::Collective::AllGather:
+      return send == recv + rank * piece;
+    case algo::Collective::ReduceScatter:
+      return recv == send + rank * piece;
+    case algo::Collective::Gather:
+      return rank == call.root && send == recv + rank * piece;
+    case algo::Collective::Scatter:
+      return rank == call.root && recv == send + rank * piece;
+    default:
+      return send == recv;
   }
 }
 
@@ -63,8 +70,10 @@ Status validate(Communicator& comm, const CollectiveCall& call, size_t element) 
     bool builtin = call.op >= 0 && call.op < weftNumOps;
     const Communicator::PreMulSum* custom = comm.premulsum(call.op);
     if (!builtin && custom == nullptr)
-      return Error(weftInvalidArgument, "%s: op %d is not a weftRedOp_t or an op created on this "
-                   "communicator", name, static_cast<int>(call.op));
+      return Error(weftInvalidArgument,
+                   "%s: op %d is not a weftRedOp_t or an op created on this "
+                   "communicator",
+                   name, static_cast<int>(call.op));
     if (custom != nullptr && custom->dtype != call.dtype)
       return Error(weftInvalidArgument, "%s: op %d was created for %s, not %s", name,
                    static_cast<int>(call.op), dtype_name(custom->dtype), dtype_name(call.dtype));
@@ -96,21 +105,15 @@ Status check_buffers(const CollectiveCall& call, const algo::Params& params) {
 
 reduce::Op reduce_op(weftRedOp_t op) {
   switch (op) {
-    case weftProd: return reduce::Op::Prod;
-    case weftMax: return reduce::Op::Max;
-    case weftMin: return reduce::Op::Min;
-    default: return reduce::Op::Sum;  // sum, avg (then divided), pre-multiplied sums
+    case weftProd:
+      return reduce::Op::Prod;
+    case weftMax:
+      return reduce::Op::Max;
+    case weftMin:
+      return reduce::Op::Min;
+    default:
+      return reduce::Op::Sum;  // sum, avg (then divided), pre-multiplied sums
   }
-}
-
-// Scales this rank's input by the op's scalar into a staging buffer the job owns.
-void stage_premultiplied(const Communicator::PreMulSum& op, const CollectiveCall& call,
-                         uint64_t input_count, size_t element, JobBatch& batch, Job* job) {
-  const void* scalar = op.immediate ? static_cast<const void*>(op.value) : op.pointer;
-  batch.staging.emplace_back(new std::byte[input_count * element]);
-  std::byte* staged = batch.staging.back().get();
-  reduce::scale(call.dtype, staged, call.send, scalar, input_count);
-  job->input = staged;
 }
 
 Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBatch& batch) {
@@ -132,54 +135,55 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   params.recv_displs = call.recv_displs;
   WEFT_RETURN_IF_ERROR(check_buffers(call, params));
   uint64_t bytes = call.count * element;
-  Plan plan = plan_collective(call.collective, bytes, element, comm.nranks(),
-                              comm.algorithm_overrides());
+  Plan plan =
+      plan_collective(call.collective, bytes, element, comm.nranks(), comm.algorithm_overrides());
   params.algorithm = plan.algorithm;
   params.chunk = plan.chunk_elements;
 
   Job job;
   job.comm = &comm;
-  if (call.collective == algo::Collective::AllToAllv) {
-    algo::Program program;
-    std::string error;
-    if (!algo::build(params, &program, &error))
-      return Error(weftInvalidArgument, "%s", error.c_str());
-    batch.programs.push_back(std::make_unique<CompiledProgram>());
-    WEFT_RETURN_IF_ERROR(compile_program(std::move(program), batch.programs.back().get()));
-    job.program = batch.programs.back().get();
-  } else {
-    WEFT_RETURN_IF_ERROR(comm.programs().get(params, &job.program));
-  }
+  std::shared_ptr<const CompiledProgram> program;
+  if (call.collective == algo::Collective::AllToAllv)
+    WEFT_RETURN_IF_ERROR(build_program(params, &program));
+  else
+    WEFT_RETURN_IF_ERROR(comm.programs().get(params, &program));
+  job.program = program.get();
+  batch.programs.push_back(std::move(program));
   job.input = static_cast<std::byte*>(const_cast<void*>(call.send));
   job.output = static_cast<std::byte*>(call.recv);
   job.math.dtype = call.dtype;
   job.math.element_size = element;
   job.math.op = reduce_op(call.op);
-  if (premul != nullptr)
-    stage_premultiplied(*premul, call, algo::input_count(params), element, batch, &job);
+  if (premul != nullptr) {
+    job.math.premul = true;
+    memcpy(job.math.premul_value, premul->value, sizeof(premul->value));
+    if (!premul->immediate) job.math.premul_source = premul->pointer;
+    job.math.premul_count = algo::input_count(params);
+  }
   if (call.op == weftAvg && is_reduction(call.collective) &&
       (call.collective != algo::Collective::Reduce || comm.rank() == call.root)) {
     job.math.divide_count = call.count;
     job.math.divisor = static_cast<uint64_t>(comm.nranks());
   }
   job.tag_kind = TagKind::Collective;
-  job.sequence_base = (comm.next_collective_sequence() & 0xFFFF) << 20;
-  WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s chunk %llu in-place %d", name_of(call.collective),
-           static_cast<unsigned long long>(call.count), dtype_name(call.dtype),
-           algo::algorithm_name(plan.algorithm), static_cast<unsigned long long>(plan.chunk_elements),
-           params.in_place);
+  WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s chunk %llu in-place %d",
+           name_of(call.collective), static_cast<unsigned long long>(call.count),
+           dtype_name(call.dtype), algo::algorithm_name(plan.algorithm),
+           static_cast<unsigned long long>(plan.chunk_elements), params.in_place);
   batch.jobs.push_back(job);
   return Status::Ok();
 }
 
 }  // namespace
 
-Status submit_collective(Communicator& comm, const CollectiveCall& call) {
+Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream) {
   WEFT_RETURN_IF_ERROR(comm.usable());
-  return finish_submit(prepare_collective(comm, call, submit_batch()));
+  JobBatch* batch = nullptr;
+  WEFT_RETURN_IF_ERROR(begin_submit(stream, &batch));
+  return finish_submit(prepare_collective(comm, call, *batch));
 }
 
-Status submit_p2p(const P2PCall& call) {
+Status submit_p2p(const P2PCall& call, Stream* stream) {
   if (!in_group() && call.peer == call.comm->rank())
     return Error(weftInvalidUsage,
                  "peer %d is this rank: a send or receive to self outside weftGroupStart/End "
@@ -193,9 +197,9 @@ Status submit_p2p(const P2PCall& call) {
   (call.is_send ? job.single_step.a : job.single_step.dst) = range;
   (call.is_send ? job.input : job.output) = static_cast<std::byte*>(call.buffer);
   job.tag_kind = TagKind::PointToPoint;
-  job.sequence_base = call.is_send ? call.comm->next_p2p_send_sequence(call.peer)
-                                   : call.comm->next_p2p_recv_sequence(call.peer);
-  submit_batch().jobs.push_back(job);
+  JobBatch* batch = nullptr;
+  WEFT_RETURN_IF_ERROR(begin_submit(stream, &batch));
+  batch->jobs.push_back(job);
   return finish_submit(Status::Ok());
 }
 

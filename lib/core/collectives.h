@@ -9,6 +9,7 @@
 #include "algorithms/schedule.h"
 #include "common/status.h"
 #include "core/communicator.h"
+#include "core/stream.h"
 #include "weft/weft.h"
 
 namespace weft {
@@ -36,7 +37,8 @@ struct P2PCall {
   int peer = -1;
 };
 
-Status submit_collective(Communicator& comm, const CollectiveCall& call);
-Status submit_p2p(const P2PCall& call);
+// Run now (stream null) or queued on the stream; inside a group, with the group.
+Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream);
+Status submit_p2p(const P2PCall& call, Stream* stream);
 
 }  // namespace weft

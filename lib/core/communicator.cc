@@ -137,6 +137,7 @@ Status Communicator::post_send(int peer, TagKind kind, uint64_t sequence, const 
   op->comm = this;
   op->peer = peer;
   op->is_send = true;
+  std::lock_guard<std::mutex> lock(transport_mutex_);
   op->request = transport_->acquire();
   return transport_->post_send(peer, make_tag(rank_, kind, sequence), data, bytes, op->request);
 }
@@ -146,6 +147,7 @@ Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, void* 
   op->comm = this;
   op->peer = peer;
   op->is_send = false;
+  std::lock_guard<std::mutex> lock(transport_mutex_);
   op->request = transport_->acquire();
   return transport_->post_recv(make_tag(peer, kind, sequence), data, bytes, op->request);
 }
@@ -210,13 +212,24 @@ Status Communicator::split(int color, int key, const CommConfig& config,
   return Communicator::create(root, static_cast<int>(members.size()), new_rank, child, out);
 }
 
-std::byte* Communicator::scratch_arena(size_t bytes) {
-  if (bytes > scratch_bytes_) {
-    size_t grown = std::max(bytes, scratch_bytes_ * 2);
-    scratch_.reset(new std::byte[grown]);
-    scratch_bytes_ = grown;
-  }
-  return scratch_.get();
+bool Communicator::progress() {
+  std::lock_guard<std::mutex> lock(transport_mutex_);
+  return transport_->progress();
+}
+
+bool Communicator::arm() {
+  std::lock_guard<std::mutex> lock(transport_mutex_);
+  return transport_->arm();
+}
+
+void Communicator::release(ucx::Request* request) {
+  std::lock_guard<std::mutex> lock(transport_mutex_);
+  transport_->release(request);
+}
+
+void Communicator::abandon(ucx::Request* request) {
+  std::lock_guard<std::mutex> lock(transport_mutex_);
+  transport_->abandon(request);
 }
 
 Status Communicator::create_premulsum(const PreMulSum& op, weftRedOp_t* out) {
@@ -254,13 +267,14 @@ Status Communicator::finalize() {
 void Communicator::abort() {
   fail(weftRemoteError, "rank " + std::to_string(rank_) + " aborted the communicator");
   if (bootstrap_) bootstrap_->leave(false);
+  std::lock_guard<std::mutex> lock(transport_mutex_);
   transport_->close_endpoints(true, 0);
 }
 
 // ------------------------------------------------------------------ waiting
 
 Status complete_status(const PendingOp& op) {
-  Status status = op.comm->transport().result(*op.request, op.peer);
+  Status status = op.comm->request_result(*op.request, op.peer);
   if (status.ok() && !op.is_send && op.request->info.length != op.request->expected_bytes)
     status = Error(weftInvalidUsage,
                    "rank %d sent %zu bytes where rank %d's receive expects %zu (mismatched "
@@ -270,12 +284,6 @@ Status complete_status(const PendingOp& op) {
   return status;
 }
 
-Status ProgressLoop::poll() {
-  for (Communicator* comm : comms_) comm->transport().progress();
-  for (Communicator* comm : comms_) WEFT_RETURN_IF_ERROR(comm->usable());
-  return Status::Ok();
-}
-
 void ProgressLoop::idle(Deadline deadline) {
   if (Clock::now() < spin_until_) {
     // Oversubscribed cores are normal: let a runnable peer have ours.
@@ -283,10 +291,10 @@ void ProgressLoop::idle(Deadline deadline) {
     return;
   }
   for (Communicator* comm : comms_)
-    if (!comm->transport().arm()) return;  // events pending: progress again
+    if (!comm->arm()) return;  // events pending: progress again
   fds_.clear();
   for (Communicator* comm : comms_) {
-    fds_.push_back({comm->transport().event_fd(), POLLIN, 0});
+    fds_.push_back({comm->event_fd(), POLLIN, 0});
     fds_.push_back({comm->wake_fd(), POLLIN, 0});
   }
   // Bounded sleep: a missed wakeup costs at most this much latency, never a hang.

@@ -9,8 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -85,18 +85,16 @@ class Communicator {
   uint32_t next_p2p_send_sequence(int peer) { return p2p_send_sequence_[peer]++; }
   uint32_t next_p2p_recv_sequence(int peer) { return p2p_recv_sequence_[peer]++; }
 
-  // Collective state: sequence numbers, cached programs, scratch, custom ops.
+  // Collective state: sequence numbers, cached programs, custom ops.
   uint64_t next_collective_sequence() { return collective_sequence_++; }
   ProgramCache& programs() { return programs_; }
   const AlgorithmOverrides& algorithm_overrides() const { return overrides_; }
-  // A buffer of at least `bytes`, valid until the next call.
-  std::byte* scratch_arena(size_t bytes);
   // Pre-multiplied sums created with weftRedOpCreatePreMulSum.
   struct PreMulSum {
     weftDataType_t dtype;
-    bool immediate;           // value copied at creation, else read at each call
-    uint8_t value[8];         // immediate: the scalar's bytes
-    const void* pointer;      // otherwise: where to read it
+    bool immediate;       // value copied at creation, else read at each call
+    uint8_t value[8];     // immediate: the scalar's bytes
+    const void* pointer;  // otherwise: where to read it
   };
   Status create_premulsum(const PreMulSum& op, weftRedOp_t* out);
   Status destroy_premulsum(weftRedOp_t op);
@@ -109,8 +107,20 @@ class Communicator {
   // Abandons everything in flight; peers are told this rank aborted.
   void abort();
 
-  ucx::Transport& transport() { return *transport_; }
+  // Transport access, serialised by the communicator's lock so that the
+  // progress thread (streams) and the calling thread can share it.
+  bool progress();
+  bool arm();
+  void release(ucx::Request* request);
+  void abandon(ucx::Request* request);
+  Status request_result(const ucx::Request& request, int peer) const {
+    return transport_->result(request, peer);
+  }
+  int event_fd() const { return transport_->event_fd(); }
   int wake_fd() const { return wake_fd_; }
+
+  // Stream operations not yet finished on this communicator; destroy waits for them.
+  std::atomic<int>& pending_stream_ops() { return pending_stream_ops_; }
 
  private:
   Communicator() = default;
@@ -126,24 +136,21 @@ class Communicator {
   uint64_t collective_sequence_ = 0;
   ProgramCache programs_;
   AlgorithmOverrides overrides_;
-  std::unique_ptr<std::byte[]> scratch_;
-  size_t scratch_bytes_ = 0;
   std::vector<std::optional<PreMulSum>> premulsums_;
   int wake_fd_ = -1;  // eventfd: written when the communicator fails
   std::atomic<weftResult_t> failed_code_{weftSuccess};
   mutable std::mutex failure_mutex_;
   std::string failed_message_;
   bool finalized_ = false;
+  std::mutex transport_mutex_;
+  std::atomic<int> pending_stream_ops_{0};
 };
 
-// The engine of every wait: progresses the communicators' transports,
-// reports their failures, and when nothing is ready spins briefly and then
-// sleeps on their event fds, so an idle rank costs no CPU.
+// How a blocking wait idles: spins briefly (yielding the core), then sleeps
+// on the communicators' event fds, so an idle rank costs no CPU.
 class ProgressLoop {
  public:
   explicit ProgressLoop(std::span<Communicator* const> comms) : comms_(comms) {}
-  // Progresses every transport; an error if a communicator has failed.
-  Status poll();
   // Nothing was ready: keep spinning for a short while, then sleep until an
   // event, a failure or (at most) the deadline.
   void idle(Deadline deadline);

@@ -1,6 +1,7 @@
 #include "core/executor.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -10,114 +11,143 @@ namespace weft {
 
 namespace {
 
-// A step of a job that is posted and not yet complete.
-struct InFlight {
-  uint32_t job;
-  uint32_t step;
-  PendingOp op;
-};
-
-// Per-job execution state, reused across calls so the hot path does not allocate.
-struct JobState {
-  std::vector<uint32_t> remaining;  // unfinished dependencies per step
-  std::vector<uint32_t> ready_comm, ready_compute;
-  uint32_t completed = 0;
-  uint32_t total = 0;
-  std::byte* scratch = nullptr;
-};
-
-thread_local std::vector<JobState> t_states;
-thread_local std::vector<InFlight> t_in_flight;
-thread_local std::vector<Communicator*> t_comms;
-
 const algo::Step& step_of(const Job& job, uint32_t index) {
   return job.program != nullptr ? job.program->program.steps[index] : job.single_step;
 }
 
-std::byte* address(const Job& job, const JobState& state, const algo::Range& range) {
-  std::byte* base = range.buf == algo::Buf::Input    ? job.input
-                    : range.buf == algo::Buf::Output ? job.output
-                                                     : state.scratch;
-  return base + range.offset * job.math.element_size;
+constexpr size_t kAlignment = 64;
+size_t aligned(size_t bytes) {
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
 }
 
-void push_ready(const Job& job, JobState& state, uint32_t index) {
-  algo::StepKind kind = step_of(job, index).kind;
-  if (kind == algo::StepKind::Send || kind == algo::StepKind::Recv)
-    state.ready_comm.push_back(index);
-  else
-    state.ready_compute.push_back(index);
-}
+}  // namespace
 
-void complete_step(const Job& job, JobState& state, uint32_t index) {
-  ++state.completed;
-  if (job.program == nullptr) return;
-  const CompiledProgram& compiled = *job.program;
-  for (uint32_t i = compiled.dependents_begin[index]; i < compiled.dependents_begin[index + 1]; ++i) {
-    uint32_t next = compiled.dependents[i];
-    if (--state.remaining[next] == 0) push_ready(job, state, next);
+std::byte* JobRunner::grow_buffer(size_t bytes) {
+  if (bytes > buffer_bytes_) {
+    buffer_.reset(new std::byte[bytes]);
+    buffer_bytes_ = bytes;
   }
+  return buffer_.get();
 }
 
-Status post_step(const Job& job, JobState& state, uint32_t index, PendingOp* op) {
-  const algo::Step& step = step_of(job, index);
-  uint32_t k = job.program != nullptr ? job.program->message_index[index] : 0;
-  uint64_t sequence = job.sequence_base + k;
-  if (step.kind == algo::StepKind::Send)
-    return job.comm->post_send(step.peer, job.tag_kind, sequence, address(job, state, step.a),
-                               step.a.count * job.math.element_size, op);
-  return job.comm->post_recv(step.peer, job.tag_kind, sequence, address(job, state, step.dst),
-                             step.dst.count * job.math.element_size, op);
-}
+void JobRunner::start(std::span<Job> jobs) {
+  jobs_ = jobs;
+  if (states_.size() < jobs.size()) states_.resize(jobs.size());
+  in_flight_.clear();
+  comms_.clear();
+  unfinished_jobs_ = 0;
+  timeout_ms_ = INT64_MAX;
 
-void run_compute(const Job& job, JobState& state, uint32_t index) {
-  const algo::Step& step = step_of(job, index);
-  std::byte* dst = address(job, state, step.dst);
-  const std::byte* a = address(job, state, step.a);
-  if (step.kind == algo::StepKind::Copy) {
-    if (dst != a) memmove(dst, a, step.a.count * job.math.element_size);
-  } else {
-    reduce::apply(job.math.dtype, job.math.op, dst, a, address(job, state, step.b),
-                  step.dst.count);
+  // One buffer for every job's scratch and staged input.
+  size_t total = 0;
+  for (const Job& job : jobs) {
+    if (job.program != nullptr)
+      total += aligned(job.program->program.scratch_count * job.math.element_size);
+    total += aligned(job.math.premul_count * job.math.element_size);
   }
-}
+  std::byte* cursor = grow_buffer(total);
 
-void finish_job(const Job& job) {
-  const JobMath& math = job.math;
-  if (math.divisor == 0 || math.divide_count == 0) return;
-  std::byte* range = job.output + math.divide_offset * math.element_size;
-  reduce::divide(math.dtype, range, range, math.divisor, math.divide_count);
-}
-
-// Hands out scratch from each communicator's arena, one slice per job.
-void assign_scratch(std::span<Job> jobs, std::vector<JobState>& states) {
-  t_comms.clear();
-  for (const Job& job : jobs)
-    if (std::find(t_comms.begin(), t_comms.end(), job.comm) == t_comms.end())
-      t_comms.push_back(job.comm);
-  for (Communicator* comm : t_comms) {
-    size_t total = 0;
-    for (const Job& job : jobs)
-      if (job.comm == comm && job.program != nullptr)
-        total += job.program->program.scratch_count * job.math.element_size;
-    std::byte* arena = comm->scratch_arena(total);
-    size_t offset = 0;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (jobs[i].comm != comm || jobs[i].program == nullptr) continue;
-      states[i].scratch = arena + offset;
-      offset += jobs[i].program->program.scratch_count * jobs[i].math.element_size;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    Job& job = jobs[j];
+    JobState& state = states_[j];
+    state.ready_comm.clear();
+    state.ready_compute.clear();
+    state.completed = 0;
+    state.staged_input = nullptr;
+    if (job.program != nullptr) {
+      state.scratch = cursor;
+      cursor += aligned(job.program->program.scratch_count * job.math.element_size);
+    }
+    if (job.math.premul) {
+      // Scaled when the job starts: a stream's earlier work may have written the input.
+      state.staged_input = cursor;
+      cursor += aligned(job.math.premul_count * job.math.element_size);
+      const void* scalar =
+          job.math.premul_source != nullptr ? job.math.premul_source : job.math.premul_value;
+      reduce::scale(job.math.dtype, state.staged_input, job.input, scalar, job.math.premul_count);
+    }
+    if (job.program == nullptr) {
+      state.total = 1;
+      push_ready(j, 0);
+    } else {
+      const algo::Program& program = job.program->program;
+      state.total = static_cast<uint32_t>(program.steps.size());
+      state.remaining.resize(state.total);
+      for (uint32_t i = 0; i < state.total; ++i) {
+        state.remaining[i] = program.steps[i].num_deps;
+        if (state.remaining[i] == 0) push_ready(j, i);
+      }
+    }
+    if (state.total > 0) ++unfinished_jobs_;
+    if (std::find(comms_.begin(), comms_.end(), job.comm) == comms_.end()) {
+      comms_.push_back(job.comm);
+      timeout_ms_ = std::min(timeout_ms_, job.comm->timeout_ms());
     }
   }
 }
 
-void abandon_in_flight() {
-  for (InFlight& entry : t_in_flight) entry.op.comm->transport().abandon(entry.op.request);
-  t_in_flight.clear();
+std::byte* JobRunner::address(size_t job, const algo::Range& range) {
+  const JobState& state = states_[job];
+  std::byte* base = range.buf == algo::Buf::Output ? jobs_[job].output
+                    : range.buf == algo::Buf::Scratch
+                        ? state.scratch
+                        : (state.staged_input != nullptr ? state.staged_input : jobs_[job].input);
+  return base + range.offset * jobs_[job].math.element_size;
 }
 
-std::string describe_waits(std::span<Job> jobs) {
+void JobRunner::push_ready(size_t job, uint32_t step) {
+  algo::StepKind kind = step_of(jobs_[job], step).kind;
+  if (kind == algo::StepKind::Send || kind == algo::StepKind::Recv)
+    states_[job].ready_comm.push_back(step);
+  else
+    states_[job].ready_compute.push_back(step);
+}
+
+void JobRunner::complete_step(size_t job, uint32_t step) {
+  JobState& state = states_[job];
+  ++state.completed;
+  const CompiledProgram* compiled = jobs_[job].program;
+  if (compiled == nullptr) return;
+  for (uint32_t i = compiled->dependents_begin[step]; i < compiled->dependents_begin[step + 1];
+       ++i) {
+    uint32_t next = compiled->dependents[i];
+    if (--state.remaining[next] == 0) push_ready(job, next);
+  }
+}
+
+Status JobRunner::post_step(size_t job_index, uint32_t index, PendingOp* op) {
+  const Job& job = jobs_[job_index];
+  const algo::Step& step = step_of(job, index);
+  uint32_t k = job.program != nullptr ? job.program->message_index[index] : 0;
+  uint64_t sequence = job.sequence_base + k;
+  if (step.kind == algo::StepKind::Send)
+    return job.comm->post_send(step.peer, job.tag_kind, sequence, address(job_index, step.a),
+                               step.a.count * job.math.element_size, op);
+  return job.comm->post_recv(step.peer, job.tag_kind, sequence, address(job_index, step.dst),
+                             step.dst.count * job.math.element_size, op);
+}
+
+void JobRunner::run_compute(size_t job_index, uint32_t index) {
+  const Job& job = jobs_[job_index];
+  const algo::Step& step = step_of(job, index);
+  std::byte* dst = address(job_index, step.dst);
+  const std::byte* a = address(job_index, step.a);
+  if (step.kind == algo::StepKind::Copy) {
+    if (dst != a) memmove(dst, a, step.a.count * job.math.element_size);
+  } else {
+    reduce::apply(job.math.dtype, job.math.op, dst, a, address(job_index, step.b), step.dst.count);
+  }
+}
+
+void JobRunner::abandon() {
+  for (InFlight& entry : in_flight_) entry.op.comm->abandon(entry.op.request);
+  in_flight_.clear();
+  unfinished_jobs_ = 0;
+}
+
+std::string JobRunner::describe_waits() const {
   std::string what;
-  for (const InFlight& entry : t_in_flight) {
+  for (const InFlight& entry : in_flight_) {
     if (what.size() > 200) {
       what += ", ...";
       break;
@@ -126,113 +156,94 @@ std::string describe_waits(std::span<Job> jobs) {
             std::string(entry.op.is_send ? "send to" : "receive from") + " rank " +
             std::to_string(entry.op.peer);
   }
-  (void)jobs;
   return what.empty() ? "local work" : what;
 }
 
-}  // namespace
-
-Status run_jobs(std::span<Job> jobs) {
-  std::vector<JobState>& states = t_states;
-  if (states.size() < jobs.size()) states.resize(jobs.size());
-  t_in_flight.clear();
-  uint32_t unfinished_jobs = 0;
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const Job& job = jobs[j];
-    JobState& state = states[j];
-    state.ready_comm.clear();
-    state.ready_compute.clear();
-    state.completed = 0;
-    if (job.program == nullptr) {
-      state.total = 1;
-      push_ready(job, state, 0);
-    } else {
-      const algo::Program& program = job.program->program;
-      state.total = static_cast<uint32_t>(program.steps.size());
-      state.remaining.resize(state.total);
-      for (uint32_t i = 0; i < state.total; ++i) {
-        state.remaining[i] = program.steps[i].num_deps;
-        if (state.remaining[i] == 0) push_ready(job, state, i);
+Status JobRunner::advance(bool* progressed) {
+  *progressed = false;
+  // Post every ready transfer first so data flows while we compute.
+  for (size_t j = 0; j < jobs_.size(); ++j) {
+    JobState& state = states_[j];
+    while (!state.ready_comm.empty()) {
+      uint32_t index = state.ready_comm.back();
+      state.ready_comm.pop_back();
+      InFlight entry{static_cast<uint32_t>(j), index, {}};
+      Status posted = post_step(j, index, &entry.op);
+      if (entry.op.request != nullptr) in_flight_.push_back(entry);
+      if (!posted.ok()) {
+        jobs_[j].comm->fail(posted.code(), posted.message());
+        abandon();
+        return posted;
       }
     }
-    if (state.total > 0) ++unfinished_jobs;
-  }
-  assign_scratch(jobs, states);
-
-  t_comms.clear();
-  int64_t timeout_ms = INT64_MAX;
-  for (const Job& job : jobs) {
-    if (std::find(t_comms.begin(), t_comms.end(), job.comm) == t_comms.end()) {
-      t_comms.push_back(job.comm);
-      timeout_ms = std::min(timeout_ms, job.comm->timeout_ms());
+    if (!state.ready_compute.empty()) {
+      uint32_t index = state.ready_compute.back();
+      state.ready_compute.pop_back();
+      run_compute(j, index);
+      complete_step(j, index);
+      *progressed = true;
     }
   }
-  ProgressLoop loop(t_comms);
-  // Every completion restarts the clock: a timeout means nothing moved for that long.
-  Deadline deadline = deadline_after_ms(timeout_ms);
 
-  while (unfinished_jobs > 0) {
-    // Post every ready transfer first so data flows while we compute.
-    bool worked = false;
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      JobState& state = states[j];
-      while (!state.ready_comm.empty()) {
-        uint32_t index = state.ready_comm.back();
-        state.ready_comm.pop_back();
-        InFlight entry{static_cast<uint32_t>(j), index, {}};
-        Status posted = post_step(jobs[j], state, index, &entry.op);
-        if (entry.op.request != nullptr) t_in_flight.push_back(entry);
-        if (!posted.ok()) {
-          jobs[j].comm->fail(posted.code(), posted.message());
-          abandon_in_flight();
-          return posted;
-        }
-      }
-      if (!state.ready_compute.empty()) {
-        uint32_t index = state.ready_compute.back();
-        state.ready_compute.pop_back();
-        run_compute(jobs[j], state, index);
-        complete_step(jobs[j], state, index);
-        worked = true;
-      }
-      if (state.total > 0 && state.completed == state.total) {
-        finish_job(jobs[j]);
-        state.total = 0;  // counted once
-        --unfinished_jobs;
-      }
+  for (Communicator* comm : comms_) comm->progress();
+  for (Communicator* comm : comms_) {
+    Status usable = comm->usable();
+    if (!usable.ok()) {
+      abandon();
+      return usable;
     }
-    if (unfinished_jobs == 0) break;
-
-    Status status = loop.poll();
+  }
+  for (size_t i = 0; i < in_flight_.size();) {
+    InFlight& entry = in_flight_[i];
+    if (!entry.op.request->done.load(std::memory_order_acquire)) {
+      ++i;
+      continue;
+    }
+    Status status = complete_status(entry.op);
+    entry.op.comm->release(entry.op.request);
+    uint32_t job = entry.job, step = entry.step;
+    in_flight_[i] = in_flight_.back();
+    in_flight_.pop_back();
     if (!status.ok()) {
-      abandon_in_flight();
+      abandon();
       return status;
     }
-    for (size_t i = 0; i < t_in_flight.size();) {
-      InFlight& entry = t_in_flight[i];
-      if (!entry.op.request->done.load(std::memory_order_acquire)) {
-        ++i;
-        continue;
-      }
-      status = complete_status(entry.op);
-      entry.op.comm->transport().release(entry.op.request);
-      uint32_t job = entry.job, step = entry.step;
-      t_in_flight[i] = t_in_flight.back();
-      t_in_flight.pop_back();
-      if (!status.ok()) {
-        abandon_in_flight();
-        return status;
-      }
-      complete_step(jobs[job], states[job], step);
-      worked = true;
+    complete_step(job, step);
+    *progressed = true;
+  }
+
+  for (size_t j = 0; j < jobs_.size(); ++j) {
+    JobState& state = states_[j];
+    if (state.total == 0 || state.completed != state.total) continue;
+    const JobMath& math = jobs_[j].math;
+    if (math.divisor != 0 && math.divide_count != 0) {
+      std::byte* range = jobs_[j].output + math.divide_offset * math.element_size;
+      reduce::divide(math.dtype, range, range, math.divisor, math.divide_count);
     }
-    if (worked) {
-      deadline = deadline_after_ms(timeout_ms);
+    state.total = 0;  // counted once
+    --unfinished_jobs_;
+    *progressed = true;
+  }
+  return Status::Ok();
+}
+
+Status run_jobs(std::span<Job> jobs) {
+  // Reused by the calling thread, so a blocking call does not allocate.
+  thread_local JobRunner runner;
+  runner.start(jobs);
+  ProgressLoop loop(runner.comms());
+  // Every completion restarts the clock: a timeout means nothing moved for that long.
+  Deadline deadline = deadline_after_ms(runner.timeout_ms());
+  while (!runner.done()) {
+    bool progressed = false;
+    WEFT_RETURN_IF_ERROR(runner.advance(&progressed));
+    if (progressed) {
+      deadline = deadline_after_ms(runner.timeout_ms());
       continue;
     }
     if (Clock::now() >= deadline) {
-      status = loop.timeout(timeout_ms, describe_waits(jobs));
-      abandon_in_flight();
+      Status status = loop.timeout(runner.timeout_ms(), runner.describe_waits());
+      runner.abandon();
       return status;
     }
     loop.idle(deadline);

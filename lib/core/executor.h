@@ -1,7 +1,9 @@
 // The host executor: runs programs (algorithms/schedule.h) on real buffers
 // over the communicator's transport. Every Weft operation, a single Send as
-// much as an AllReduce, is a Job; a group runs its jobs together in one
-// progress loop, so they overlap and none can wait on another.
+// much as an AllReduce, is a Job; a group runs its jobs together, so they
+// overlap and none can wait on another. A JobRunner advances a set of jobs
+// step by step, so that one thread can drive many of them (the stream
+// progress thread) or wait for one set (a blocking call).
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,13 @@ struct JobMath {
   size_t element_size = 1;
   // Avg: divide this Output range by `divisor` once the program is done.
   uint64_t divide_offset = 0, divide_count = 0, divisor = 0;
+  // Pre-multiplied sum: the input (premul_count elements) is scaled when the
+  // job starts, into a staging buffer, by premul_value (copied at creation)
+  // or by *premul_source (read at run time).
+  bool premul = false;
+  uint8_t premul_value[8] = {};
+  const void* premul_source = nullptr;
+  uint64_t premul_count = 0;
 };
 
 struct Job {
@@ -37,26 +46,72 @@ struct Job {
   std::byte* output = nullptr;
   JobMath math;
   TagKind tag_kind = TagKind::Collective;
-  // Tag sequence of message k with a peer: sequence_base + k.
+  // Tag sequence of message k with a peer: sequence_base + k (set at launch).
   uint64_t sequence_base = 0;
 };
 
-// Jobs about to run together, with what they own: programs built for one
-// call only (AllToAllv) and staged inputs (pre-multiplied sums).
+// Jobs about to run together, with the programs they use kept alive.
 struct JobBatch {
   std::vector<Job> jobs;
-  std::vector<std::unique_ptr<CompiledProgram>> programs;
-  std::vector<std::unique_ptr<std::byte[]>> staging;
+  std::vector<std::shared_ptr<const CompiledProgram>> programs;
   void clear() {
     jobs.clear();
     programs.clear();
-    staging.clear();
   }
 };
 
-// Runs every job to completion, concurrently. Scratch comes from each
-// communicator's arena. Fails when any communicator fails or nothing
-// completes within a communicator's timeout.
+class JobRunner {
+ public:
+  // Prepares to run `jobs` (which must outlive the run).
+  void start(std::span<Job> jobs);
+  // One round: posts every ready transfer, runs ready computation, progresses
+  // the transports and reaps completions. *progressed says whether anything
+  // completed; an error means the run failed (and was abandoned).
+  Status advance(bool* progressed);
+  bool done() const { return unfinished_jobs_ == 0; }
+  // Gives up: in-flight transfers are abandoned.
+  void abandon();
+  // Communicators involved, the strictest timeout among them, and what is in
+  // flight (for timeout messages).
+  const std::vector<Communicator*>& comms() const { return comms_; }
+  int64_t timeout_ms() const { return timeout_ms_; }
+  std::string describe_waits() const;
+
+ private:
+  struct JobState {
+    std::vector<uint32_t> remaining;  // unfinished dependencies per step
+    std::vector<uint32_t> ready_comm, ready_compute;
+    uint32_t completed = 0;
+    uint32_t total = 0;
+    std::byte* scratch = nullptr;
+    std::byte* staged_input = nullptr;  // pre-multiplied input, if any
+  };
+  struct InFlight {
+    uint32_t job;
+    uint32_t step;
+    PendingOp op;
+  };
+
+  void push_ready(size_t job, uint32_t step);
+  void complete_step(size_t job, uint32_t step);
+  Status post_step(size_t job, uint32_t step, PendingOp* op);
+  void run_compute(size_t job, uint32_t step);
+  std::byte* address(size_t job, const algo::Range& range);
+  std::byte* grow_buffer(size_t bytes);
+
+  std::span<Job> jobs_;
+  std::vector<JobState> states_;
+  std::vector<InFlight> in_flight_;
+  std::vector<Communicator*> comms_;
+  int64_t timeout_ms_ = 0;
+  uint32_t unfinished_jobs_ = 0;
+  // Scratch and staging for all jobs of a run, kept across runs.
+  std::unique_ptr<std::byte[]> buffer_;
+  size_t buffer_bytes_ = 0;
+};
+
+// Runs every job to completion in the calling thread. Fails when any
+// communicator fails or nothing completes within the strictest timeout.
 Status run_jobs(std::span<Job> jobs);
 
 }  // namespace weft

@@ -1,10 +1,12 @@
 // Group semantics: between weftGroupStart and weftGroupEnd (which nest), the
 // calling thread's operations are collected, then run together by one
-// executor loop, so no order of posting can deadlock.
+// executor loop (or queued together on their stream), so no order of posting
+// can deadlock.
 #pragma once
 
 #include "common/status.h"
 #include "core/executor.h"
+#include "core/stream.h"
 
 namespace weft {
 
@@ -14,10 +16,11 @@ bool in_group();
 // Records an error raised inside a group; group_end reports it.
 void group_record_error(const Status& status);
 
-// The batch an operation joins: the open group's, or one run by finish_submit.
-JobBatch& submit_batch();
-// Outside a group: runs the batch the operation was put in and empties it.
-// `prepared` is how preparing the job went; a failure discards the batch.
+// The batch the next operation joins: the open group's (every operation of a
+// group must use the same stream), or a fresh one for this call alone.
+Status begin_submit(Stream* stream, JobBatch** batch);
+// Outside a group: runs the call's batch now (no stream) or queues it on the
+// stream. `prepared` is how preparing the operation went; a failure drops it.
 Status finish_submit(const Status& prepared);
 
 }  // namespace weft

@@ -47,21 +47,32 @@ Status compile_program(algo::Program program, CompiledProgram* out) {
   return Status::Ok();
 }
 
-Status ProgramCache::get(const algo::Params& params, const CompiledProgram** out) {
-  Key key{static_cast<int>(params.collective), static_cast<int>(params.algorithm), params.root,
-          params.count, params.chunk, params.in_place};
+Status build_program(const algo::Params& params, std::shared_ptr<const CompiledProgram>* out) {
+  algo::Program program;
+  std::string error;
+  if (!algo::build(params, &program, &error))
+    return Error(weftInvalidArgument, "%s", error.c_str());
+  auto compiled = std::make_shared<CompiledProgram>();
+  WEFT_RETURN_IF_ERROR(compile_program(std::move(program), compiled.get()));
+  *out = std::move(compiled);
+  return Status::Ok();
+}
+
+Status ProgramCache::get(const algo::Params& params, std::shared_ptr<const CompiledProgram>* out) {
+  Key key{static_cast<int>(params.collective),
+          static_cast<int>(params.algorithm),
+          params.root,
+          params.count,
+          params.chunk,
+          params.in_place};
   auto it = entries_.find(key);
   if (it == entries_.end()) {
-    algo::Program program;
-    std::string error;
-    if (!algo::build(params, &program, &error))
-      return Error(weftInvalidArgument, "%s", error.c_str());
-    auto compiled = std::make_unique<CompiledProgram>();
-    WEFT_RETURN_IF_ERROR(compile_program(std::move(program), compiled.get()));
+    std::shared_ptr<const CompiledProgram> compiled;
+    WEFT_RETURN_IF_ERROR(build_program(params, &compiled));
     if (entries_.size() >= kMaxEntries) entries_.clear();  // shapes churn: start over
     it = entries_.emplace(key, std::move(compiled)).first;
   }
-  *out = it->second.get();
+  *out = it->second;
   return Status::Ok();
 }
 

@@ -24,17 +24,20 @@ struct CompiledProgram {
 };
 
 Status compile_program(algo::Program program, CompiledProgram* out);
+// Builds and compiles the program for `params`.
+Status build_program(const algo::Params& params, std::shared_ptr<const CompiledProgram>* out);
 
 class ProgramCache {
  public:
   // The cached program for `params` (all but AllToAllv, whose counts vary),
-  // building and compiling it on first use.
-  Status get(const algo::Params& params, const CompiledProgram** out);
+  // building and compiling it on first use. Shared: a queued stream
+  // operation keeps its program alive even if the cache lets it go.
+  Status get(const algo::Params& params, std::shared_ptr<const CompiledProgram>* out);
 
  private:
   using Key = std::tuple<int, int, int, uint64_t, uint64_t, bool>;
   static constexpr size_t kMaxEntries = 512;
-  std::map<Key, std::unique_ptr<CompiledProgram>> entries_;
+  std::map<Key, std::shared_ptr<const CompiledProgram>> entries_;
 };
 
 }  // namespace weft

@@ -19,8 +19,8 @@ std::string valid_algorithms(algo::Collective collective) {
 std::string valid_collectives() {
   std::string names;
   for (int c = 0; c < algo::kNumCollectives; ++c)
-    names += (c == 0 ? "" : ", ") +
-             std::string(algo::collective_name(static_cast<algo::Collective>(c)));
+    names +=
+        (c == 0 ? "" : ", ") + std::string(algo::collective_name(static_cast<algo::Collective>(c)));
   return names;
 }
 
@@ -52,16 +52,16 @@ Status parse_algorithm_overrides(const std::string& spec, const char* source,
                    valid_collectives().c_str());
     if (!algo::parse_algorithm(algorithm_name, &algorithm) ||
         !algo::supports(algorithm, collective))
-      return Error(weftInvalidArgument, "%s: '%.*s' is not an algorithm for %s (valid: %s)",
-                   source, static_cast<int>(algorithm_name.size()), algorithm_name.data(),
+      return Error(weftInvalidArgument, "%s: '%.*s' is not an algorithm for %s (valid: %s)", source,
+                   static_cast<int>(algorithm_name.size()), algorithm_name.data(),
                    algo::collective_name(collective), valid_algorithms(collective).c_str());
     out->forced[static_cast<int>(collective)] = static_cast<int>(algorithm);
   }
   return Status::Ok();
 }
 
-Plan plan_collective(algo::Collective collective, uint64_t bytes, size_t element_size,
-                     int nranks, const AlgorithmOverrides& overrides) {
+Plan plan_collective(algo::Collective collective, uint64_t bytes, size_t element_size, int nranks,
+                     const AlgorithmOverrides& overrides) {
   using algo::Algorithm;
   using algo::Collective;
   Plan plan{Algorithm::Ring, kChunkBytes / element_size};
@@ -74,7 +74,7 @@ Plan plan_collective(algo::Collective collective, uint64_t bytes, size_t element
   // bound ones for large. The tuner issue replaces these with a cost model.
   switch (collective) {
     case Collective::AllReduce:
-      plan.algorithm = bytes <= (16 << 10) ? Algorithm::Rd
+      plan.algorithm = bytes <= (16 << 10)    ? Algorithm::Rd
                        : bytes <= (512 << 10) ? Algorithm::Rhd
                                               : Algorithm::Ring;
       break;

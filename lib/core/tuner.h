@@ -30,7 +30,7 @@ struct Plan {
   uint64_t chunk_elements;  // 0: no chunking
 };
 
-Plan plan_collective(algo::Collective collective, uint64_t bytes, size_t element_size,
-                     int nranks, const AlgorithmOverrides& overrides);
+Plan plan_collective(algo::Collective collective, uint64_t bytes, size_t element_size, int nranks,
+                     const AlgorithmOverrides& overrides);
 
 }  // namespace weft

@@ -89,10 +89,20 @@ std::vector<uint8_t> expected_reduction(const Case& c, int nranks, size_t i) {
     double v = input_value(c, q, i);
     if (c.op == kPreMulSum) v *= 2;
     switch (c.op) {
-      case weftProd: value *= v; wrapped *= static_cast<uint64_t>(v); break;
-      case weftMax: value = std::max(value, v); break;
-      case weftMin: value = std::min(value, v); break;
-      default: value += v; wrapped += static_cast<uint64_t>(v); break;
+      case weftProd:
+        value *= v;
+        wrapped *= static_cast<uint64_t>(v);
+        break;
+      case weftMax:
+        value = std::max(value, v);
+        break;
+      case weftMin:
+        value = std::min(value, v);
+        break;
+      default:
+        value += v;
+        wrapped += static_cast<uint64_t>(v);
+        break;
     }
   }
   if (c.op == weftMax || c.op == weftMin) wrapped = static_cast<uint64_t>(value);
@@ -123,20 +133,30 @@ class Runner {
     size_t in_count = c.count, out_count = c.count;
     VLayout v;
     switch (c.collective) {
-      case Collective::ReduceScatter: in_count = n * c.count; break;
+      case Collective::ReduceScatter:
+        in_count = n * c.count;
+        break;
       case Collective::AllGather:
-      case Collective::Gather: out_count = n * c.count; break;
-      case Collective::Scatter: in_count = n * c.count; break;
-      case Collective::AllToAll: in_count = out_count = n * c.count; break;
+      case Collective::Gather:
+        out_count = n * c.count;
+        break;
+      case Collective::Scatter:
+        in_count = n * c.count;
+        break;
+      case Collective::AllToAll:
+        in_count = out_count = n * c.count;
+        break;
       case Collective::AllToAllv:
         v = v_layout(c.count, rank_, n_);
         in_count = v.send_total;
         out_count = v.recv_total;
         break;
-      default: break;
+      default:
+        break;
     }
-    bool in_place = c.in_place && ((c.collective != Collective::Gather &&
-                                    c.collective != Collective::Scatter) || rank_ == c.root);
+    bool in_place = c.in_place &&
+                    ((c.collective != Collective::Gather && c.collective != Collective::Scatter) ||
+                     rank_ == c.root);
     size_t buffer_count = in_place ? std::max(in_count, out_count) : out_count;
     std::vector<uint8_t> output(buffer_count * esize + kGuardBytes, kGuard);
     std::vector<uint8_t> separate_input(in_place ? 0 : in_count * esize + kGuardBytes, kGuard);
@@ -144,9 +164,11 @@ class Runner {
     uint8_t* send = in_place ? output.data() : separate_input.data();
     if (in_place) {
       if (c.collective == Collective::AllGather || c.collective == Collective::Gather)
-        send = output.data() + (c.collective == Collective::AllGather ? rank_ : c.root) * c.count * esize;
+        send = output.data() +
+               (c.collective == Collective::AllGather ? rank_ : c.root) * c.count * esize;
       if (c.collective == Collective::ReduceScatter || c.collective == Collective::Scatter)
-        recv = output.data() + (c.collective == Collective::ReduceScatter ? rank_ : c.root) * c.count * esize;
+        recv = output.data() +
+               (c.collective == Collective::ReduceScatter ? rank_ : c.root) * c.count * esize;
     }
     bool has_input = !(c.collective == Collective::Scatter && rank_ != c.root) &&
                      !(c.collective == Collective::Broadcast && rank_ != c.root);
@@ -163,19 +185,37 @@ class Runner {
     }
     weftResult_t result = weftInternalError;
     switch (c.collective) {
-      case Collective::AllReduce: result = weftAllReduce(send, recv, c.count, c.dtype, op, comm_, nullptr); break;
-      case Collective::ReduceScatter: result = weftReduceScatter(send, recv, c.count, c.dtype, op, comm_, nullptr); break;
-      case Collective::AllGather: result = weftAllGather(send, recv, c.count, c.dtype, comm_, nullptr); break;
-      case Collective::Broadcast: result = weftBroadcast(send, recv, c.count, c.dtype, c.root, comm_, nullptr); break;
-      case Collective::Reduce: result = weftReduce(send, recv, c.count, c.dtype, op, c.root, comm_, nullptr); break;
-      case Collective::AllToAll: result = weftAllToAll(send, recv, c.count, c.dtype, comm_, nullptr); break;
+      case Collective::AllReduce:
+        result = weftAllReduce(send, recv, c.count, c.dtype, op, comm_, nullptr);
+        break;
+      case Collective::ReduceScatter:
+        result = weftReduceScatter(send, recv, c.count, c.dtype, op, comm_, nullptr);
+        break;
+      case Collective::AllGather:
+        result = weftAllGather(send, recv, c.count, c.dtype, comm_, nullptr);
+        break;
+      case Collective::Broadcast:
+        result = weftBroadcast(send, recv, c.count, c.dtype, c.root, comm_, nullptr);
+        break;
+      case Collective::Reduce:
+        result = weftReduce(send, recv, c.count, c.dtype, op, c.root, comm_, nullptr);
+        break;
+      case Collective::AllToAll:
+        result = weftAllToAll(send, recv, c.count, c.dtype, comm_, nullptr);
+        break;
       case Collective::AllToAllv:
         result = weftAllToAllv(send, v.send_counts.data(), v.send_displs.data(), recv,
                                v.recv_counts.data(), v.recv_displs.data(), c.dtype, comm_, nullptr);
         break;
-      case Collective::Gather: result = weftGather(send, recv, c.count, c.dtype, c.root, comm_, nullptr); break;
-      case Collective::Scatter: result = weftScatter(send, recv, c.count, c.dtype, c.root, comm_, nullptr); break;
-      case Collective::Barrier: result = weftBarrier(comm_, nullptr); break;
+      case Collective::Gather:
+        result = weftGather(send, recv, c.count, c.dtype, c.root, comm_, nullptr);
+        break;
+      case Collective::Scatter:
+        result = weftScatter(send, recv, c.count, c.dtype, c.root, comm_, nullptr);
+        break;
+      case Collective::Barrier:
+        result = weftBarrier(comm_, nullptr);
+        break;
     }
     if (c.op == kPreMulSum) weftRedOpDestroy(op, comm_);
     if (c.collective == Collective::AllToAllv && in_place) {
@@ -224,7 +264,8 @@ class Runner {
       case Collective::Gather:
         if (c.collective == Collective::AllGather || rank_ == c.root)
           for (int q = 0; q < n_ && error.empty(); ++q)
-            for (size_t i = 0; i < count && error.empty(); ++i) error = mismatch(q * count + i, moved(q, i));
+            for (size_t i = 0; i < count && error.empty(); ++i)
+              error = mismatch(q * count + i, moved(q, i));
         break;
       case Collective::Broadcast:
         for (size_t i = 0; i < count && error.empty(); ++i) error = mismatch(i, moved(c.root, i));
@@ -245,7 +286,8 @@ class Runner {
             error = mismatch(v.recv_displs[q] + i, moved(q, sender.send_displs[rank_] + i));
         }
         break;
-      case Collective::Barrier: break;
+      case Collective::Barrier:
+        break;
     }
     return error;
   }
@@ -270,8 +312,9 @@ std::vector<weftComm_t> algorithm_variants(weftComm_t comm, int rank, int* varia
     for (int c = 0; c < algo::kNumCollectives; ++c) {
       const auto& list = per_collective[c];
       if (list.empty()) continue;
-      spec += (spec.empty() ? "" : ",") + std::string(algo::collective_name(static_cast<Collective>(c))) +
-              ":" + algo::algorithm_name(list[variant % list.size()]);
+      spec += (spec.empty() ? "" : ",") +
+              std::string(algo::collective_name(static_cast<Collective>(c))) + ":" +
+              algo::algorithm_name(list[variant % list.size()]);
     }
     weftConfig_t config = WEFT_CONFIG_INITIALIZER;
     config.algorithms = spec.c_str();
@@ -345,9 +388,9 @@ class LargeCollectives : public ::testing::TestWithParam<int> {};
 TEST_P(LargeCollectives, EveryAlgorithmOneMebiPlusThirteen) {
   RunOptions options;
   options.timeout_s = 300;
-  run_ranks(GetParam(), [](const RankContext& context) {
-    sweep(context, {(size_t{1} << 20) + 13}, false);
-  }, options);
+  run_ranks(
+      GetParam(),
+      [](const RankContext& context) { sweep(context, {(size_t{1} << 20) + 13}, false); }, options);
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, LargeCollectives, ::testing::Values(2, 3, 5));
 
@@ -370,11 +413,14 @@ TEST(CollectiveFloats, RandomAllReduceMatchesFp64Reference) {
           }
         }
         std::vector<uint8_t> buffer(count * dtype_size(dtype));
-        for (size_t i = 0; i < count; ++i) store_value(dtype, buffer.data(), i, inputs[context.rank][i]);
+        for (size_t i = 0; i < count; ++i)
+          store_value(dtype, buffer.data(), i, inputs[context.rank][i]);
         ASSERT_EQ(weftAllReduce(buffer.data(), buffer.data(), count, dtype, op, comm, nullptr),
                   weftSuccess);
-        double epsilon = dtype == weftFloat64 ? 1e-15 : dtype == weftFloat32 ? 1e-6
-                         : dtype == weftFloat16 ? 1e-3 : 8e-3;
+        double epsilon = dtype == weftFloat64   ? 1e-15
+                         : dtype == weftFloat32 ? 1e-6
+                         : dtype == weftFloat16 ? 1e-3
+                                                : 8e-3;
         size_t wrong = 0;
         for (size_t i = 0; i < count; ++i) {
           double reference = 0;
@@ -408,13 +454,16 @@ TEST(CollectiveSequences, InterleavedOnTwoCommunicators) {
     int failures = 0;
     for (int round = 0; round < 30; ++round) {
       Collective collective = kAll[round % 10];
-      Case c{collective, round % 2 ? weftInt32 : weftFloat32, weftSum,
-             static_cast<size_t>(round * 37 % 500), false, round % 2};
+      Case c{collective, round % 2 ? weftInt32 : weftFloat32,
+             weftSum,    static_cast<size_t>(round * 37 % 500),
+             false,      round % 2};
       std::string error = on_world.run(c);
-      if (!error.empty() && ++failures < 5) ADD_FAILURE() << "world " << describe(c, 4) << ": " << error;
+      if (!error.empty() && ++failures < 5)
+        ADD_FAILURE() << "world " << describe(c, 4) << ": " << error;
       c.collective = kAll[(round * 3 + 1) % 10];
       error = on_half.run(c);
-      if (!error.empty() && ++failures < 5) ADD_FAILURE() << "half " << describe(c, 2) << ": " << error;
+      if (!error.empty() && ++failures < 5)
+        ADD_FAILURE() << "half " << describe(c, 2) << ": " << error;
     }
     EXPECT_EQ(weftCommDestroy(half), weftSuccess);
     EXPECT_EQ(weftCommDestroy(world), weftSuccess);
@@ -429,8 +478,10 @@ TEST(CollectiveGroups, AllReduceAndRingExchangeInOneGroup) {
     int32_t outgoing = context.rank * 10, incoming = -1;
     int left = (context.rank + 2) % 3;
     ASSERT_EQ(weftGroupStart(), weftSuccess);
-    ASSERT_EQ(weftAllReduce(values.data(), sum.data(), 1000, weftInt32, weftSum, comm, nullptr), weftSuccess);
-    ASSERT_EQ(weftSend(&outgoing, 1, weftInt32, (context.rank + 1) % 3, comm, nullptr), weftSuccess);
+    ASSERT_EQ(weftAllReduce(values.data(), sum.data(), 1000, weftInt32, weftSum, comm, nullptr),
+              weftSuccess);
+    ASSERT_EQ(weftSend(&outgoing, 1, weftInt32, (context.rank + 1) % 3, comm, nullptr),
+              weftSuccess);
     ASSERT_EQ(weftRecv(&incoming, 1, weftInt32, left, comm, nullptr), weftSuccess);
     ASSERT_EQ(weftBarrier(comm, nullptr), weftSuccess);
     ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);

@@ -141,12 +141,12 @@ TEST_F(SingleRank, UseAfterDestroyOrAbortOrFinalize) {
 }
 
 TEST_F(SingleRank, CollectiveArguments) {
-  EXPECT_ERROR(weftAllReduce(buffer_, buffer_, 4, weftInt32, static_cast<weftRedOp_t>(9), comm_,
-                             nullptr),
-               weftInvalidArgument, "op 9");
-  EXPECT_ERROR(weftAllReduce(buffer_, buffer_, 4, static_cast<weftDataType_t>(42), weftSum, comm_,
-                             nullptr),
-               weftInvalidArgument, "datatype 42");
+  EXPECT_ERROR(
+      weftAllReduce(buffer_, buffer_, 4, weftInt32, static_cast<weftRedOp_t>(9), comm_, nullptr),
+      weftInvalidArgument, "op 9");
+  EXPECT_ERROR(
+      weftAllReduce(buffer_, buffer_, 4, static_cast<weftDataType_t>(42), weftSum, comm_, nullptr),
+      weftInvalidArgument, "datatype 42");
   EXPECT_ERROR(weftAllReduce(buffer_, buffer_, SIZE_MAX / 4, weftInt32, weftSum, comm_, nullptr),
                weftInvalidArgument, "overflows");
   EXPECT_ERROR(weftAllReduce(nullptr, buffer_, 4, weftInt32, weftSum, comm_, nullptr),
@@ -160,12 +160,12 @@ TEST_F(SingleRank, CollectiveArguments) {
   EXPECT_ERROR(weftGather(buffer_, buffer_, 4, weftInt32, 3, comm_, nullptr), weftInvalidArgument,
                "root 3");
   size_t counts[1] = {static_cast<size_t>(-2)}, displs[1] = {0};
-  EXPECT_ERROR(weftAllToAllv(buffer_, counts, displs, buffer_, displs, displs, weftInt32, comm_,
-                             nullptr),
-               weftInvalidArgument, "sendcounts[0]");
-  EXPECT_ERROR(weftAllToAllv(buffer_, nullptr, displs, buffer_, displs, displs, weftInt32, comm_,
-                             nullptr),
-               weftInvalidArgument, "sendcounts is NULL");
+  EXPECT_ERROR(
+      weftAllToAllv(buffer_, counts, displs, buffer_, displs, displs, weftInt32, comm_, nullptr),
+      weftInvalidArgument, "sendcounts[0]");
+  EXPECT_ERROR(
+      weftAllToAllv(buffer_, nullptr, displs, buffer_, displs, displs, weftInt32, comm_, nullptr),
+      weftInvalidArgument, "sendcounts is NULL");
   // Zero counts with NULL buffers are fine, as in NCCL.
   EXPECT_EQ(weftAllReduce(nullptr, nullptr, 0, weftInt32, weftSum, comm_, nullptr), weftSuccess);
   // Custom ops: wrong dtype, unknown ids, double destroy.
