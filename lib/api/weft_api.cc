@@ -68,6 +68,29 @@ Status read_config(const weftConfig_t* config, weft::CommConfig* out) {
   return Status::Ok();
 }
 
+// An enum argument's value as the caller passed it. Callers of a C ABI can
+// pass any int; reading it as int first keeps out-of-range values defined.
+template <typename Enum>
+int raw_value(Enum value) {
+  int raw;
+  static_assert(sizeof(raw) == sizeof(value));
+  memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
+
+Status check_dtype(weftDataType_t datatype) {
+  int raw = raw_value(datatype);
+  if (raw < 0 || raw >= weftNumTypes)
+    return Error(weftInvalidArgument, "datatype %d is not a valid weftDataType_t", raw);
+  return Status::Ok();
+}
+
+Status check_op(weftRedOp_t op) {
+  int raw = raw_value(op);
+  if (raw < 0) return Error(weftInvalidArgument, "op %d is not a valid weftRedOp_t", raw);
+  return Status::Ok();
+}
+
 Status check_out_pointer(const void* pointer, const char* name) {
   if (pointer == nullptr) return Error(weftInvalidArgument, "%s is NULL", name);
   return Status::Ok();
@@ -140,6 +163,8 @@ using Coll = weft::algo::Collective;
 Status run_collective(const weft::CollectiveCall& call, weftComm_t comm, weftStream_t stream) {
   weft::Communicator* impl = nullptr;
   WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+  WEFT_RETURN_IF_ERROR(check_dtype(call.dtype));
+  WEFT_RETURN_IF_ERROR(check_op(call.op));
   weft::Stream* queue = nullptr;
   WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
   return weft::submit_collective(*impl, call, queue);
@@ -543,13 +568,12 @@ weftResult_t weftRedOpCreatePreMulSum(weftRedOp_t* op, void* scalar, weftDataTyp
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
     WEFT_RETURN_IF_ERROR(check_out_pointer(op, "op"));
     WEFT_RETURN_IF_ERROR(check_out_pointer(scalar, "scalar"));
+    WEFT_RETURN_IF_ERROR(check_dtype(datatype));
     size_t element = weft::dtype_size(datatype);
-    if (element == 0)
-      return Error(weftInvalidArgument, "datatype %d is not a valid weftDataType_t",
-                   static_cast<int>(datatype));
-    if (residence != weftScalarDevice && residence != weftScalarHostImmediate)
+    int raw_residence = raw_value(residence);
+    if (raw_residence != weftScalarDevice && raw_residence != weftScalarHostImmediate)
       return Error(weftInvalidArgument, "residence %d is not a weftScalarResidence_t",
-                   static_cast<int>(residence));
+                   raw_residence);
     weft::Communicator::PreMulSum definition{};
     definition.dtype = datatype;
     definition.immediate = residence == weftScalarHostImmediate;
@@ -566,6 +590,7 @@ weftResult_t weftRedOpDestroy(weftRedOp_t op, weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_op(op));
     return impl->destroy_premulsum(op);
   };
   return report(run(), __func__);
