@@ -54,6 +54,20 @@ bool decode_peer(const Blob& blob, PeerInfo* peer) {
 
 }  // namespace
 
+namespace {
+// With WEFT_DEBUG=INFO, the first communicator lists every variable Weft reads.
+void log_environment_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const EnvVar& var : env_table()) {
+      std::optional<std::string> value = env_string(var.name);
+      WEFT_LOG(INFO, ENV, "%s=%s%s", var.name, value ? value->c_str() : var.default_value,
+               value ? "" : " (default)");
+    }
+  });
+}
+}  // namespace
+
 Status Communicator::create(const RootAddress& root, int nranks, int rank, const CommConfig& config,
                             std::unique_ptr<Communicator>* out) {
   std::unique_ptr<Communicator> comm(new Communicator());
@@ -70,6 +84,7 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   comm->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (comm->wake_fd_ < 0) return Error(weftSystemError, "eventfd failed: %s", strerror(errno));
   set_log_rank(rank);
+  log_environment_once();
 
   WEFT_RETURN_IF_ERROR(ucx::Transport::create(&comm->transport_));
   PeerInfo self;
