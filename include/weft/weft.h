@@ -188,7 +188,13 @@ WEFT_API weftResult_t weftScatter(const void* sendbuff, void* recvbuff, size_t c
                                   weftDataType_t datatype, int root, weftComm_t comm,
                                   weftStream_t stream);
 
-/* Streams and events. A stream runs its operations in order; different
+/* Thread safety: different communicators may be used from different threads
+ * at the same time. One communicator must be used by one thread at a time (as
+ * in NCCL); work it has queued on streams proceeds in Weft's progress thread
+ * meanwhile. Groups are per thread. Streams and events may be shared between
+ * threads.
+ *
+ * Streams and events. A stream runs its operations in order; different
  * streams run concurrently; an operation enqueued on a stream returns at once
  * and its buffers must stay valid until the stream passes it. Failures reach
  * weftStreamSynchronize / weftEventSynchronize (and weftCommGetAsyncError);
