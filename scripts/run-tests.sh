@@ -2,22 +2,35 @@
 # README command 2: from a fresh Debian 12 machine, install what Weft needs,
 # build from scratch and run every test.
 #   WEFT_BUILD_DIR   build folder (default: build-test, always rebuilt from scratch)
-#   WEFT_SANITIZERS  1 (default): also build and test with ASan+UBSan (build-asan); 0: skip
+#   WEFT_SANITIZERS  1 (default): also build and test with ASan+UBSan (build-asan, every
+#                    test) and TSan (build-tsan, the multi-threaded suites); 0: skip
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
 
-build_and_test() {  # build_and_test DIR [cmake options...]
+configure() {  # configure DIR [cmake options...]
   local dir=$1
   shift
   rm -rf "$dir"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
-  cmake --build "$dir" -j "$jobs"
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 600
 }
 
-build_and_test "${WEFT_BUILD_DIR:-build-test}"
+dir=${WEFT_BUILD_DIR:-build-test}
+configure "$dir"
+cmake --build "$dir" -j "$jobs"
+ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 600
+
 if [[ ${WEFT_SANITIZERS:-1} == 1 ]]; then
-  build_and_test build-asan -DWEFT_SANITIZE=address
+  configure build-asan -DWEFT_SANITIZE=address
+  cmake --build build-asan -j "$jobs"
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900
+
+  # TSan: the suites where threads meet (progress thread, control threads, user threads).
+  # UCX's memory hooks patch the allocator, which TSan's interceptors cannot share.
+  configure build-tsan -DWEFT_SANITIZE=thread
+  cmake --build build-tsan -j "$jobs" --target weftrun weft_p2p_test weft_comm_test \
+    weft_failure_test weft_stream_test
+  UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no \
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -L threads
 fi
