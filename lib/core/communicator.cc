@@ -300,7 +300,10 @@ Status complete_status(const PendingOp& op) {
 }
 
 void ProgressLoop::idle(Deadline deadline) {
-  if (Clock::now() < spin_until_) {
+  Clock::time_point now = Clock::now();
+  if (idle_since_ == Clock::time_point()) idle_since_ = now;
+  if (now < idle_since_ + kPureSpin) return;
+  if (now < idle_since_ + kYieldSpin) {
     // Oversubscribed cores are normal: let a runnable peer have ours.
     sched_yield();
     return;
@@ -308,13 +311,18 @@ void ProgressLoop::idle(Deadline deadline) {
   for (Communicator* comm : comms_)
     if (!comm->arm()) return;  // events pending: progress again
   fds_.clear();
+  if (extra_fd_ >= 0) fds_.push_back({extra_fd_, POLLIN, 0});
   for (Communicator* comm : comms_) {
     fds_.push_back({comm->event_fd(), POLLIN, 0});
     fds_.push_back({comm->wake_fd(), POLLIN, 0});
   }
   // Bounded sleep: a missed wakeup costs at most this much latency, never a hang.
   ::poll(fds_.data(), fds_.size(), remaining_ms(deadline, 100));
-  spin_until_ = Clock::now() + kSpinTime;
+  if (extra_fd_ >= 0 && (fds_[0].revents & POLLIN)) {
+    uint64_t drained;
+    (void)!read(extra_fd_, &drained, sizeof(drained));
+  }
+  idle_since_ = Clock::time_point();
 }
 
 Status ProgressLoop::timeout(int64_t timeout_ms, const std::string& what) {

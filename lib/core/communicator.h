@@ -150,18 +150,26 @@ class Communicator {
 // on the communicators' event fds, so an idle rank costs no CPU.
 class ProgressLoop {
  public:
-  explicit ProgressLoop(std::span<Communicator* const> comms) : comms_(comms) {}
-  // Nothing was ready: keep spinning for a short while, then sleep until an
-  // event, a failure or (at most) the deadline.
+  // `extra_fd` (optional) also ends a sleep: the stream engine's wake-up.
+  explicit ProgressLoop(std::span<Communicator* const> comms, int extra_fd = -1)
+      : comms_(comms), extra_fd_(extra_fd) {}
+  void set_comms(std::span<Communicator* const> comms) { comms_ = comms; }
+  // Something completed: the next idle spell starts with spinning again.
+  void progressed() { idle_since_ = Clock::time_point(); }
+  // Nothing was ready: spin for a few microseconds, then yield the core for a
+  // while (peers may need it), then sleep until an event, a failure, the
+  // extra fd or (at most) the deadline.
   void idle(Deadline deadline);
   // Marks every communicator failed with a timeout naming `what`.
   Status timeout(int64_t timeout_ms, const std::string& what);
 
  private:
   std::span<Communicator* const> comms_;
-  Clock::time_point spin_until_ = Clock::now() + kSpinTime;
+  int extra_fd_;
+  Clock::time_point idle_since_;  // zero: not idle
   std::vector<struct pollfd> fds_;
-  static constexpr auto kSpinTime = std::chrono::microseconds(50);
+  static constexpr auto kPureSpin = std::chrono::microseconds(5);
+  static constexpr auto kYieldSpin = std::chrono::microseconds(50);
 };
 
 // The outcome of a completed op (transfer errors, size mismatches); a

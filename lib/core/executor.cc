@@ -239,6 +239,7 @@ Status run_jobs(std::span<Job> jobs) {
     WEFT_RETURN_IF_ERROR(runner.advance(&progressed));
     if (progressed) {
       deadline = deadline_after_ms(runner.timeout_ms());
+      loop.progressed();
       continue;
     }
     if (Clock::now() >= deadline) {

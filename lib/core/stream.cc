@@ -1,7 +1,6 @@
 #include "core/stream.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -25,11 +24,6 @@ struct Stream::Op {
 
 Stream::Stream() = default;
 Stream::~Stream() = default;
-
-namespace {
-// As in a blocking wait: spin (yielding) this long before sleeping on event fds.
-constexpr auto kSpinTime = std::chrono::microseconds(50);
-}  // namespace
 
 StreamEngine& StreamEngine::instance() {
   static StreamEngine engine;
@@ -198,8 +192,7 @@ void StreamEngine::collect_heads(std::vector<Stream::Op*>* active) {
 void StreamEngine::run() {
   std::vector<Stream::Op*> active;
   std::vector<Communicator*> comms;
-  std::vector<pollfd> fds;
-  auto spin_until = Clock::now() + kSpinTime;
+  ProgressLoop loop(comms, wake_fd_);
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -226,39 +219,26 @@ void StreamEngine::run() {
       progressed = progressed || moved;
     }
     if (progressed) {
-      spin_until = Clock::now() + kSpinTime;
+      loop.progressed();
       continue;
     }
-    fds.clear();
-    fds.push_back({wake_fd_, POLLIN, 0});
-    int timeout_ms = -1;  // nothing active: sleep until work arrives
-    if (!active.empty()) {
-      if (Clock::now() < spin_until) {
-        sched_yield();
-        continue;
-      }
-      comms.clear();
-      bool armed = true;
-      Deadline nearest = active.front()->deadline;
-      for (Stream::Op* op : active) {
-        nearest = std::min(nearest, op->deadline);
-        for (Communicator* comm : op->runner->comms())
-          if (std::find(comms.begin(), comms.end(), comm) == comms.end()) comms.push_back(comm);
-      }
-      for (Communicator* comm : comms) armed = armed && comm->arm();
-      if (!armed) continue;
-      for (Communicator* comm : comms) {
-        fds.push_back({comm->event_fd(), POLLIN, 0});
-        fds.push_back({comm->wake_fd(), POLLIN, 0});
-      }
-      timeout_ms = remaining_ms(nearest, 100);
-    }
-    poll(fds.data(), fds.size(), timeout_ms);
-    if (fds[0].revents & POLLIN) {
+    if (active.empty()) {
+      // Nothing to run: sleep until work is queued.
+      pollfd wake{wake_fd_, POLLIN, 0};
+      poll(&wake, 1, -1);
       uint64_t drained;
       (void)!read(wake_fd_, &drained, sizeof(drained));
+      continue;
     }
-    spin_until = Clock::now() + kSpinTime;
+    comms.clear();
+    Deadline nearest = active.front()->deadline;
+    for (Stream::Op* op : active) {
+      nearest = std::min(nearest, op->deadline);
+      for (Communicator* comm : op->runner->comms())
+        if (std::find(comms.begin(), comms.end(), comm) == comms.end()) comms.push_back(comm);
+    }
+    loop.set_comms(comms);
+    loop.idle(nearest);
   }
 }
 
