@@ -70,23 +70,23 @@ Status read_config(const weftConfig_t* config, weft::CommConfig* out) {
 
 // An enum argument's value as the caller passed it. Callers of a C ABI can
 // pass any int; reading it as int first keeps out-of-range values defined.
+// Reads through a pointer, never as an enum-typed value, so that even an
+// out-of-range argument is well defined.
 template <typename Enum>
-int raw_value(Enum value) {
+int raw_value(const Enum* value) {
   int raw;
-  static_assert(sizeof(raw) == sizeof(value));
-  memcpy(&raw, &value, sizeof(raw));
+  static_assert(sizeof(raw) == sizeof(Enum));
+  memcpy(&raw, value, sizeof(raw));
   return raw;
 }
 
-Status check_dtype(weftDataType_t datatype) {
-  int raw = raw_value(datatype);
+Status check_dtype(int raw) {
   if (raw < 0 || raw >= weftNumTypes)
     return Error(weftInvalidArgument, "datatype %d is not a valid weftDataType_t", raw);
   return Status::Ok();
 }
 
-Status check_op(weftRedOp_t op) {
-  int raw = raw_value(op);
+Status check_op(int raw) {
   if (raw < 0) return Error(weftInvalidArgument, "op %d is not a valid weftRedOp_t", raw);
   return Status::Ok();
 }
@@ -136,15 +136,14 @@ Status resolve_event(weftEvent_t event, weft::Event** out) {
 }
 
 // Validates a point-to-point call and hands it to the group machinery.
-Status p2p(void* buffer, size_t count, weftDataType_t datatype, int peer, weftComm_t comm,
+Status p2p(void* buffer, size_t count, int raw_dtype, int peer, weftComm_t comm,
            weftStream_t stream, bool is_send) {
   weft::Communicator* impl = nullptr;
   WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
   WEFT_RETURN_IF_ERROR(impl->usable());
+  WEFT_RETURN_IF_ERROR(check_dtype(raw_dtype));
+  auto datatype = static_cast<weftDataType_t>(raw_dtype);
   size_t element = weft::dtype_size(datatype);
-  if (element == 0)
-    return Error(weftInvalidArgument, "datatype %d is not a valid weftDataType_t",
-                 static_cast<int>(datatype));
   if (count > SIZE_MAX / element)
     return Error(weftInvalidArgument, "count %zu of %s overflows the addressable size", count,
                  weft::dtype_name(datatype));
@@ -163,15 +162,17 @@ using Coll = weft::algo::Collective;
 Status run_collective(const weft::CollectiveCall& call, weftComm_t comm, weftStream_t stream) {
   weft::Communicator* impl = nullptr;
   WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
-  WEFT_RETURN_IF_ERROR(check_dtype(call.dtype));
-  WEFT_RETURN_IF_ERROR(check_op(call.op));
   weft::Stream* queue = nullptr;
   WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
   return weft::submit_collective(*impl, call, queue);
 }
 
-Status collective(Coll kind, const void* send, void* recv, size_t count, weftDataType_t dtype,
-                  weftRedOp_t op, int root, weftComm_t comm, weftStream_t stream) {
+Status collective(Coll kind, const void* send, void* recv, size_t count, int raw_dtype,
+                  int raw_op, int root, weftComm_t comm, weftStream_t stream) {
+  WEFT_RETURN_IF_ERROR(check_dtype(raw_dtype));
+  WEFT_RETURN_IF_ERROR(check_op(raw_op));
+  auto dtype = static_cast<weftDataType_t>(raw_dtype);
+  auto op = static_cast<weftRedOp_t>(raw_op);
   weft::CollectiveCall call;
   call.collective = kind;
   call.send = send;
@@ -334,13 +335,13 @@ weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* async_error) {
 
 weftResult_t weftSend(const void* sendbuff, size_t count, weftDataType_t datatype, int peer,
                       weftComm_t comm, weftStream_t stream) {
-  return report_call(p2p(const_cast<void*>(sendbuff), count, datatype, peer, comm, stream, true),
+  return report_call(p2p(const_cast<void*>(sendbuff), count, raw_value(&datatype), peer, comm, stream, true),
                      __func__);
 }
 
 weftResult_t weftRecv(void* recvbuff, size_t count, weftDataType_t datatype, int peer,
                       weftComm_t comm, weftStream_t stream) {
-  return report_call(p2p(recvbuff, count, datatype, peer, comm, stream, false), __func__);
+  return report_call(p2p(recvbuff, count, raw_value(&datatype), peer, comm, stream, false), __func__);
 }
 
 weftResult_t weftGroupStart(void) {
@@ -366,7 +367,7 @@ weftResult_t weftAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
                            weftStream_t stream) {
   return report_call(
-      collective(Coll::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm, stream),
+      collective(Coll::AllReduce, sendbuff, recvbuff, count, raw_value(&datatype), raw_value(&op), 0, comm, stream),
       __func__);
 }
 
@@ -374,13 +375,13 @@ weftResult_t weftReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
                                weftStream_t stream) {
   return report_call(
-      collective(Coll::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream),
+      collective(Coll::ReduceScatter, sendbuff, recvbuff, recvcount, raw_value(&datatype), raw_value(&op), 0, comm, stream),
       __func__);
 }
 
 weftResult_t weftAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
-  return report_call(collective(Coll::AllGather, sendbuff, recvbuff, sendcount, datatype, weftSum,
+  return report_call(collective(Coll::AllGather, sendbuff, recvbuff, sendcount, raw_value(&datatype), weftSum,
                                 0, comm, stream),
                      __func__);
 }
@@ -389,28 +390,28 @@ weftResult_t weftBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            weftDataType_t datatype, int root, weftComm_t comm,
                            weftStream_t stream) {
   return report_call(
-      collective(Coll::Broadcast, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
+      collective(Coll::Broadcast, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, root, comm, stream),
       __func__);
 }
 
 weftResult_t weftBcast(void* buff, size_t count, weftDataType_t datatype, int root, weftComm_t comm,
                        weftStream_t stream) {
   return report_call(
-      collective(Coll::Broadcast, buff, buff, count, datatype, weftSum, root, comm, stream),
+      collective(Coll::Broadcast, buff, buff, count, raw_value(&datatype), weftSum, root, comm, stream),
       __func__);
 }
 
 weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count, weftDataType_t datatype,
                         weftRedOp_t op, int root, weftComm_t comm, weftStream_t stream) {
   return report_call(
-      collective(Coll::Reduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream),
+      collective(Coll::Reduce, sendbuff, recvbuff, count, raw_value(&datatype), raw_value(&op), root, comm, stream),
       __func__);
 }
 
 weftResult_t weftAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                           weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
   return report_call(
-      collective(Coll::AllToAll, sendbuff, recvbuff, count, datatype, weftSum, 0, comm, stream),
+      collective(Coll::AllToAll, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, 0, comm, stream),
       __func__);
 }
 
@@ -419,6 +420,7 @@ weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[], cons
                            weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
   auto run = [&]() -> Status {
     weft::CollectiveCall call;
+    WEFT_RETURN_IF_ERROR(check_dtype(raw_value(&datatype)));
     call.collective = Coll::AllToAllv;
     call.send = sendbuff;
     call.recv = recvbuff;
@@ -435,14 +437,14 @@ weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[], cons
 weftResult_t weftGather(const void* sendbuff, void* recvbuff, size_t count, weftDataType_t datatype,
                         int root, weftComm_t comm, weftStream_t stream) {
   return report_call(
-      collective(Coll::Gather, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
+      collective(Coll::Gather, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, root, comm, stream),
       __func__);
 }
 
 weftResult_t weftScatter(const void* sendbuff, void* recvbuff, size_t count,
                          weftDataType_t datatype, int root, weftComm_t comm, weftStream_t stream) {
   return report_call(
-      collective(Coll::Scatter, sendbuff, recvbuff, count, datatype, weftSum, root, comm, stream),
+      collective(Coll::Scatter, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, root, comm, stream),
       __func__);
 }
 
@@ -568,9 +570,9 @@ weftResult_t weftRedOpCreatePreMulSum(weftRedOp_t* op, void* scalar, weftDataTyp
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
     WEFT_RETURN_IF_ERROR(check_out_pointer(op, "op"));
     WEFT_RETURN_IF_ERROR(check_out_pointer(scalar, "scalar"));
-    WEFT_RETURN_IF_ERROR(check_dtype(datatype));
+    WEFT_RETURN_IF_ERROR(check_dtype(raw_value(&datatype)));
     size_t element = weft::dtype_size(datatype);
-    int raw_residence = raw_value(residence);
+    int raw_residence = raw_value(&residence);
     if (raw_residence != weftScalarDevice && raw_residence != weftScalarHostImmediate)
       return Error(weftInvalidArgument, "residence %d is not a weftScalarResidence_t",
                    raw_residence);
@@ -590,7 +592,7 @@ weftResult_t weftRedOpDestroy(weftRedOp_t op, weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
-    WEFT_RETURN_IF_ERROR(check_op(op));
+    WEFT_RETURN_IF_ERROR(check_op(raw_value(&op)));
     return impl->destroy_premulsum(op);
   };
   return report(run(), __func__);
