@@ -1,0 +1,329 @@
+// A Weft program for the multi-node tests: started once per rank (in network
+// namespaces standing for hosts) with WEFT_RANK/WEFT_NRANKS/WEFT_ROOT, it
+// checks that the ranks really sit on the expected number of hosts, then
+//   check: runs every collective and grouped Send/Recv with exact integer
+//          checks, exit 0 when all match, 1 on a mismatch;
+//   fault: runs AllReduce in a loop until it fails (a host was killed or cut
+//          off), prints the error and exits 3; exit 4 if nothing failed.
+// A failed call exits 3 in both modes. Public API only (weft/weft.h), plus the
+// topology library for the cluster view.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "topo/cluster_view.h"
+#include "topo/discover.h"
+#include "topo/shapes.h"
+#include "weft/weft.h"
+
+namespace {
+
+constexpr int kMismatchExit = 1;
+constexpr int kCallFailedExit = 3;
+constexpr int kNoFailureExit = 4;
+constexpr int kUsageExit = 2;
+
+int g_rank = -1;
+
+[[noreturn]] void call_failed(weftComm_t comm, const char* what, weftResult_t result,
+                              const std::string& context) {
+  fprintf(stderr, "rank %d: %s failed%s: %s: %s\n", g_rank, what, context.c_str(),
+          weftGetErrorString(result), weftGetLastError(comm));
+  fflush(stderr);
+  if (comm != nullptr) weftCommAbort(comm);
+  _exit(kCallFailedExit);
+}
+
+void must(weftComm_t comm, weftResult_t result, const char* what) {
+  if (result != weftSuccess) call_failed(comm, what, result, "");
+}
+
+// Rank q's input element i: small, so int32 sums over any rank count are exact.
+int32_t value(int q, size_t i) {
+  return static_cast<int32_t>((q * 37 + 11) % 101 + static_cast<int32_t>(i % 1009) * 3);
+}
+
+class Checker {
+ public:
+  Checker(weftComm_t comm, int rank, int nranks) : comm_(comm), rank_(rank), n_(nranks) {}
+  int failures() const { return failures_; }
+  int checks() const { return checks_; }
+
+  void run_all(size_t count, int root) {
+    all_reduce(count);
+    reduce_scatter(count);
+    all_gather(count);
+    broadcast(count, root);
+    reduce(count, root);
+    all_to_all(count);
+    all_to_allv(count);
+    gather(count, root);
+    scatter(count, root);
+    send_recv(count);
+    max_int64(count);
+    must(comm_, weftBarrier(comm_, nullptr), "weftBarrier");
+  }
+
+ private:
+  std::vector<int32_t> input(size_t count, size_t offset = 0) const {
+    std::vector<int32_t> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = value(rank_, offset + i);
+    return data;
+  }
+  int32_t sum(size_t i) const {
+    int32_t total = 0;
+    for (int q = 0; q < n_; ++q) total += value(q, i);
+    return total;
+  }
+  // Compares got[i] with want(i) for every i; reports the first mismatch.
+  void expect(const char* what, size_t count, const int32_t* got,
+              const std::function<int32_t(size_t)>& want) {
+    ++checks_;
+    for (size_t i = 0; i < count; ++i) {
+      if (got[i] == want(i)) continue;
+      ++failures_;
+      fprintf(stderr, "rank %d: %s count %zu: element %zu is %d, want %d\n", rank_, what, count, i,
+              got[i], want(i));
+      return;
+    }
+  }
+
+  void all_reduce(size_t count) {
+    std::vector<int32_t> data = input(count);
+    must(comm_, weftAllReduce(data.data(), data.data(), count, weftInt32, weftSum, comm_, nullptr),
+         "weftAllReduce");
+    expect("allreduce", count, data.data(), [&](size_t i) { return sum(i); });
+  }
+  void reduce_scatter(size_t count) {
+    std::vector<int32_t> in = input(count * n_), out(count);
+    must(comm_, weftReduceScatter(in.data(), out.data(), count, weftInt32, weftSum, comm_, nullptr),
+         "weftReduceScatter");
+    expect("reducescatter", count, out.data(), [&](size_t i) { return sum(rank_ * count + i); });
+  }
+  void all_gather(size_t count) {
+    std::vector<int32_t> in = input(count), out(count * n_);
+    must(comm_, weftAllGather(in.data(), out.data(), count, weftInt32, comm_, nullptr),
+         "weftAllGather");
+    expect("allgather", count * n_, out.data(),
+           [&](size_t i) { return value(static_cast<int>(i / count), i % count); });
+  }
+  void broadcast(size_t count, int root) {
+    std::vector<int32_t> data = rank_ == root ? input(count) : std::vector<int32_t>(count, -1);
+    must(comm_, weftBroadcast(data.data(), data.data(), count, weftInt32, root, comm_, nullptr),
+         "weftBroadcast");
+    expect("broadcast", count, data.data(), [&](size_t i) { return value(root, i); });
+  }
+  void reduce(size_t count, int root) {
+    std::vector<int32_t> in = input(count), out(count, -1);
+    must(comm_, weftReduce(in.data(), out.data(), count, weftInt32, weftSum, root, comm_, nullptr),
+         "weftReduce");
+    if (rank_ == root) expect("reduce", count, out.data(), [&](size_t i) { return sum(i); });
+  }
+  void all_to_all(size_t count) {
+    std::vector<int32_t> in = input(count * n_), out(count * n_);
+    must(comm_, weftAllToAll(in.data(), out.data(), count, weftInt32, comm_, nullptr),
+         "weftAllToAll");
+    expect("alltoall", count * n_, out.data(),
+           [&](size_t i) { return value(static_cast<int>(i / count), rank_ * count + i % count); });
+  }
+  // Uneven counts, some zero, packed with a one-element gap.
+  static size_t v_count(size_t base, int from, int to) {
+    return (from + 2 * to) % 3 == 0 ? 0 : base + static_cast<size_t>((from * 5 + to * 3) % 7);
+  }
+  void all_to_allv(size_t count) {
+    std::vector<size_t> scount(n_), sdispl(n_), rcount(n_), rdispl(n_);
+    size_t stotal = 0, rtotal = 0;
+    for (int p = 0; p < n_; ++p) {
+      scount[p] = v_count(count, rank_, p);
+      sdispl[p] = stotal;
+      stotal += scount[p] + 1;
+      rcount[p] = v_count(count, p, rank_);
+      rdispl[p] = rtotal;
+      rtotal += rcount[p] + 1;
+    }
+    std::vector<int32_t> in = input(stotal), out(rtotal, -1);
+    must(comm_,
+         weftAllToAllv(in.data(), scount.data(), sdispl.data(), out.data(), rcount.data(),
+                       rdispl.data(), weftInt32, comm_, nullptr),
+         "weftAllToAllv");
+    for (int q = 0; q < n_; ++q) {
+      // Where q's block for this rank starts in q's send buffer.
+      size_t offset = 0;
+      for (int p = 0; p < rank_; ++p) offset += v_count(count, q, p) + 1;
+      expect("alltoallv", rcount[q], out.data() + rdispl[q],
+             [&](size_t i) { return value(q, offset + i); });
+    }
+  }
+  void gather(size_t count, int root) {
+    std::vector<int32_t> in = input(count), out(rank_ == root ? count * n_ : 0);
+    must(comm_, weftGather(in.data(), out.data(), count, weftInt32, root, comm_, nullptr),
+         "weftGather");
+    if (rank_ == root)
+      expect("gather", count * n_, out.data(),
+             [&](size_t i) { return value(static_cast<int>(i / count), i % count); });
+  }
+  void scatter(size_t count, int root) {
+    std::vector<int32_t> in = rank_ == root ? input(count * n_) : std::vector<int32_t>(),
+                         out(count);
+    must(comm_, weftScatter(in.data(), out.data(), count, weftInt32, root, comm_, nullptr),
+         "weftScatter");
+    expect("scatter", count, out.data(), [&](size_t i) { return value(root, rank_ * count + i); });
+  }
+  // Both ring directions at once, grouped: needs group semantics not to deadlock.
+  void send_recv(size_t count) {
+    int next = (rank_ + 1) % n_, prev = (rank_ + n_ - 1) % n_;
+    std::vector<int32_t> out_next = input(count), out_prev = input(count, 1);
+    std::vector<int32_t> from_prev(count, -1), from_next(count, -1);
+    must(comm_, weftGroupStart(), "weftGroupStart");
+    must(comm_, weftSend(out_next.data(), count, weftInt32, next, comm_, nullptr), "weftSend");
+    must(comm_, weftSend(out_prev.data(), count, weftInt32, prev, comm_, nullptr), "weftSend");
+    must(comm_, weftRecv(from_prev.data(), count, weftInt32, prev, comm_, nullptr), "weftRecv");
+    must(comm_, weftRecv(from_next.data(), count, weftInt32, next, comm_, nullptr), "weftRecv");
+    must(comm_, weftGroupEnd(), "weftGroupEnd");
+    expect("sendrecv from prev", count, from_prev.data(), [&](size_t i) { return value(prev, i); });
+    expect("sendrecv from next", count, from_next.data(),
+           [&](size_t i) { return value(next, 1 + i); });
+  }
+  void max_int64(size_t count) {
+    std::vector<int64_t> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = (int64_t{value(rank_, i)} << 33) + rank_;
+    must(comm_, weftAllReduce(data.data(), data.data(), count, weftInt64, weftMax, comm_, nullptr),
+         "weftAllReduce(int64 max)");
+    ++checks_;
+    for (size_t i = 0; i < count; ++i) {
+      int64_t want = INT64_MIN;
+      for (int q = 0; q < n_; ++q) want = std::max(want, (int64_t{value(q, i)} << 33) + q);
+      if (data[i] != want) {
+        ++failures_;
+        fprintf(stderr, "rank %d: allreduce int64 max: element %zu is %lld, want %lld\n", rank_, i,
+                static_cast<long long>(data[i]), static_cast<long long>(want));
+        return;
+      }
+    }
+  }
+
+  weftComm_t comm_;
+  int rank_, n_;
+  int failures_ = 0, checks_ = 0;
+};
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+// Every rank's host name and place; checks the host count and prints the
+// cluster view, ring and tree the topology library derives from them.
+bool check_hosts(weftComm_t comm, int rank, int nranks, int expected_hosts) {
+  struct Entry {
+    char host[64];
+    weft::topo::RankPlace place;
+  } mine{};
+  gethostname(mine.host, sizeof(mine.host) - 1);
+  weft::topo::Machine machine;
+  std::vector<int> binding;
+  if (weft::topo::discover_local(&machine).ok() && weft::topo::process_binding(&binding).ok())
+    mine.place = weft::topo::local_place(machine, binding, fnv1a(mine.host), -1);
+  else
+    mine.place.node_key = fnv1a(mine.host);
+  std::vector<Entry> all(nranks);
+  must(comm, weftAllGather(&mine, all.data(), sizeof(Entry), weftUint8, comm, nullptr),
+       "weftAllGather(hosts)");
+  std::vector<weft::topo::RankPlace> places;
+  for (const Entry& entry : all) places.push_back(entry.place);
+  weft::topo::ClusterView view(places);
+  if (rank == 0) {
+    printf("rank 0: %d ranks on %d hosts:", nranks, view.nnodes());
+    for (int node = 0; node < view.nnodes(); ++node) {
+      printf(" %s{", all[view.node_ranks(node).front()].host);
+      for (int r : view.node_ranks(node))
+        printf(r == view.node_ranks(node).front() ? "%d" : ",%d", r);
+      printf("}");
+    }
+    printf("\nrank 0: topology-aware ring:");
+    for (int r : weft::topo::ring_order(view)) printf(" %d", r);
+    printf("\n");
+  }
+  if (view.nnodes() != expected_hosts) {
+    fprintf(stderr, "rank %d: the ranks sit on %d hosts, expected %d\n", rank, view.nnodes(),
+            expected_hosts);
+    return false;
+  }
+  return true;
+}
+
+int check_mode(weftComm_t comm, int rank, int nranks) {
+  Checker checker(comm, rank, nranks);
+  // Large enough for UCX's rendezvous protocol, odd so nothing divides evenly.
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, (size_t{1} << 18) + 3})
+    checker.run_all(count, static_cast<int>(count % nranks));
+  printf("rank %d: %d checks, %d mismatches\n", rank, checker.checks(), checker.failures());
+  return checker.failures() == 0 ? 0 : kMismatchExit;
+}
+
+int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file) {
+  const size_t count = 1 << 14;
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  std::vector<int32_t> data(count);
+  for (long iteration = 0; Clock::now() - start < std::chrono::seconds(30); ++iteration) {
+    for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
+    weftResult_t result =
+        weftAllReduce(data.data(), data.data(), count, weftInt32, weftSum, comm, nullptr);
+    if (result != weftSuccess)
+      call_failed(comm, "weftAllReduce", result, " at iteration " + std::to_string(iteration));
+    for (size_t i = 0; i < count; ++i) {
+      int32_t want = 0;
+      for (int q = 0; q < nranks; ++q) want += value(q, i);
+      if (data[i] != want) {
+        fprintf(stderr, "rank %d: iteration %ld: element %zu is %d, want %d\n", rank, iteration, i,
+                data[i], want);
+        return kMismatchExit;
+      }
+    }
+    if (iteration == 20)
+      std::ofstream(std::string(ready_file) + "." + std::to_string(rank)) << "\n";
+  }
+  fprintf(stderr, "rank %d: no failure within 30 s\n", rank);
+  return kNoFailureExit;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3 || (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "fault") != 0) ||
+      (strcmp(argv[1], "fault") == 0 && argc < 4)) {
+    fprintf(stderr, "usage: %s check HOSTS | fault HOSTS READY_FILE\n", argv[0]);
+    return kUsageExit;
+  }
+  int expected_hosts = atoi(argv[2]);
+  weftComm_t comm = nullptr;
+  must(nullptr, weftCommInitFromEnv(&comm, nullptr), "weftCommInitFromEnv");
+  int rank = 0, nranks = 0;
+  must(comm, weftCommUserRank(comm, &rank), "weftCommUserRank");
+  must(comm, weftCommCount(comm, &nranks), "weftCommCount");
+  g_rank = rank;
+  if (!check_hosts(comm, rank, nranks, expected_hosts)) {
+    weftCommAbort(comm);
+    return kMismatchExit;
+  }
+  int code = strcmp(argv[1], "check") == 0 ? check_mode(comm, rank, nranks)
+                                           : fault_mode(comm, rank, nranks, argv[3]);
+  fflush(stdout);
+  if (code != 0) {
+    weftCommAbort(comm);
+    return code;
+  }
+  must(comm, weftCommDestroy(comm), "weftCommDestroy");
+  return 0;
+}

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Multi-node tests on one machine. Three "hosts" are network namespaces, each
+# with a veth "weft0" (10.213.0.x/24) plugged into a bridge that lives in a
+# fourth namespace, so nothing is added to the machine's own network. Each
+# host's ranks also share UTS, IPC and PID namespaces of their own: the host
+# name makes Weft's host identity (hostname + boot id) differ per host, and
+# separate IPC/PID namespaces make UCX treat the hosts as separate machines.
+#
+#   multinode_test.sh collectives PROG WORKDIR  every collective, exact, across hosts
+#   multinode_test.sh kill PROG WORKDIR         host c's ranks are killed mid-AllReduce
+#   multinode_test.sh linkdown PROG WORKDIR     host c's link goes down mid-AllReduce
+#
+# In the fault tests every surviving rank must report an error and exit
+# within the timeout (WEFT_TIMEOUT_MS=3000) plus a margin, never hang.
+# Exit 77 (ctest skip) where network namespaces cannot be created.
+set -uo pipefail
+
+mode=${1:-} prog=${2:-} work=${3:-}
+case $mode in
+  collectives | kill | linkdown) ;;
+  *) echo "usage: $0 collectives|kill|linkdown PROG WORKDIR" >&2; exit 2 ;;
+esac
+readonly skip=77 timeout_ms=3000 margin_ms=5000
+hosts=(a b c)
+rank_host=(a b c a c)  # 5 ranks, uneven (2 + 1 + 2) and interleaved
+nranks=${#rank_host[@]}
+prefix=weftmn-$$
+switch=$prefix-sw
+
+say() { echo "multinode_test[$mode]: $*"; }
+fail() { say "FAIL: $*"; exit 1; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# Ends the processes left in a namespace (by id) and removes it.
+remove_ns() {
+  local ns=$1 pid
+  for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+  ip netns del "$ns" 2>/dev/null
+}
+cleanup() {
+  local h
+  for h in "${hosts[@]}"; do remove_ns "$prefix-$h"; done
+  remove_ns "$switch"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+# Namespaces of earlier runs whose script was killed (ctest timeout, SIGKILL).
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^weftmn-[0-9]*-'); do
+  owner=${ns#weftmn-}
+  owner=${owner%%-*}
+  kill -0 "$owner" 2>/dev/null || remove_ns "$ns"
+done
+
+[[ $(id -u) == 0 ]] || { say "SKIP: network namespaces need root"; exit $skip; }
+command -v ip >/dev/null && command -v unshare >/dev/null ||
+  { say "SKIP: ip (iproute2) or unshare is missing"; exit $skip; }
+ip netns add "$switch" 2>/dev/null || { say "SKIP: cannot create network namespaces here"; exit $skip; }
+unshare --uts --ipc --pid --fork --mount-proc true 2>/dev/null ||
+  { say "SKIP: cannot create UTS, IPC and PID namespaces here"; exit $skip; }
+
+# The switch: a bridge, one port per host.
+ip -n "$switch" link add br0 type bridge || fail "cannot create the bridge"
+ip -n "$switch" link set br0 up
+for i in "${!hosts[@]}"; do
+  h=${hosts[$i]} ns=$prefix-${hosts[$i]}
+  ip netns add "$ns" || fail "cannot create namespace $ns"
+  ip -n "$switch" link add "port-$h" type veth peer name weft0 netns "$ns" || fail "veth for $h"
+  ip -n "$switch" link set "port-$h" master br0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "10.213.0.$((i + 1))/24" dev weft0
+  ip -n "$ns" link set weft0 up
+done
+
+rm -rf "$work" && mkdir -p "$work" || fail "cannot create $work"
+secret=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export WEFT_NRANKS=$nranks WEFT_ROOT=10.213.0.1:29517 WEFT_SECRET=$secret
+export WEFT_SOCKET_IFNAME==weft0 WEFT_TIMEOUT_MS=$timeout_ms
+# A bound on each host, so that a hang fails the test instead of ctest's timeout.
+rank_limit=45
+
+args=(check ${#hosts[@]})
+[[ $mode == collectives ]] || args=(fault ${#hosts[@]} "$work/ready")
+# UCX's debug log names every endpoint's transports (checked below).
+[[ $mode == collectives ]] && export UCX_LOG_LEVEL=debug
+here=$(cd "$(dirname "$0")" && pwd)
+for h in "${hosts[@]}"; do
+  ranks=""
+  for r in "${!rank_host[@]}"; do [[ ${rank_host[$r]} == "$h" ]] && ranks+="$r "; done
+  # Own PID and IPC namespaces per host: UCX then sees the other hosts' shared
+  # memory and CMA as unreachable (as on real separate machines) and picks TCP.
+  timeout -k 2 $rank_limit ip netns exec "$prefix-$h" \
+    unshare --uts --ipc --pid --fork --kill-child --mount-proc \
+    bash "$here/run_host.sh" "host-$h" "$work" "$ranks" "$prog" "${args[@]}" &
+  disown  # completion is read from the ranks' status files
+done
+
+# Waits until each listed rank has an exit status or the deadline passes;
+# sets code[r] (or "none") and took[r] (ms since $t0).
+declare -A code took
+await_ranks() {
+  local deadline=$1 r pending
+  shift
+  while true; do
+    pending=0
+    for r in "$@"; do
+      [[ -n ${code[$r]:-} ]] && continue
+      if [[ -e $work/rank$r.rc ]]; then
+        code[$r]=$(<"$work/rank$r.rc")
+        took[$r]=$(($(now_ms) - t0))
+      else
+        pending=1
+      fi
+    done
+    ((pending)) || return 0
+    if (($(now_ms) > deadline)); then
+      for r in "$@"; do [[ -n ${code[$r]:-} ]] || code[$r]=none; done
+      return 1
+    fi
+    sleep 0.05
+  done
+}
+
+show_output() {
+  local r
+  for r in "${!rank_host[@]}"; do
+    grep -v ' UCX ' "$work/rank$r.out" | sed "s/^/[rank $r on host-${rank_host[$r]}] /"
+  done
+}
+
+# Each rank must reach the ranks of other hosts over TCP (weft0) and those of
+# its own host over shared memory: UCX's default choice, read from its debug
+# log ("ep 0x...: lane[i]:  k:tcp/weft0.0 ...").
+verify_transports() {
+  local r q pairs tcp shm want_tcp want_shm
+  for r in "${all_ranks[@]}"; do
+    want_tcp=0 want_shm=0
+    for q in "${all_ranks[@]}"; do
+      ((q == r)) && continue
+      if [[ ${rank_host[$q]} == "${rank_host[$r]}" ]]; then ((++want_shm)); else ((++want_tcp)); fi
+    done
+    pairs=$(sed -nE 's/.*(ep 0x[0-9a-f]+): lane\[[0-9]+\]: +[0-9]+:([a-z0-9_]+)\/.*/\1 \2/p' \
+      "$work/rank$r.out" | sort -u)
+    [[ -n $pairs ]] || fail "rank $r: UCX logged no endpoint lanes; cannot tell its transports"
+    tcp=$(awk '$3 == "tcp" {print $2}' <<<"$pairs" | sort -u)
+    shm=$(awk '$3 ~ /^(sysv|posix|xpmem|knem|cma)$/ {print $2}' <<<"$pairs" | sort -u | grep -vxF "$tcp")
+    say "rank $r on host-${rank_host[$r]}: $(wc -w <<<"$tcp") endpoints over TCP, $(wc -w <<<"$shm") over shared memory"
+    (($(wc -w <<<"$tcp") == want_tcp)) || fail "rank $r: want $want_tcp TCP endpoints (one per rank on another host)"
+    (($(wc -w <<<"$shm") == want_shm)) || fail "rank $r: want $want_shm shared-memory endpoints (one per rank on its host)"
+  done
+}
+
+all_ranks=("${!rank_host[@]}")
+if [[ $mode == collectives ]]; then
+  t0=$(now_ms)
+  await_ranks $((t0 + rank_limit * 1000)) "${all_ranks[@]}"
+  show_output
+  for r in "${all_ranks[@]}"; do
+    [[ ${code[$r]} == 0 ]] || fail "rank $r exited ${code[$r]}"
+    grep -q "rank $r: [0-9]* checks, 0 mismatches" "$work/rank$r.out" || fail "rank $r did not report its checks"
+  done
+  grep -q "rank 0: $nranks ranks on ${#hosts[@]} hosts" "$work/rank0.out" || fail "rank 0 did not see ${#hosts[@]} hosts"
+  verify_transports
+  say "PASS: every collective exact on $nranks ranks across ${#hosts[@]} hosts in $(($(now_ms) - t0)) ms"
+  exit 0
+fi
+
+# Fault tests: wait until every rank is inside the AllReduce loop.
+deadline=$(($(now_ms) + 30000))
+for r in "${all_ranks[@]}"; do
+  until [[ -e $work/ready.$r ]]; do
+    (($(now_ms) < deadline)) || { show_output; fail "rank $r never reached the loop"; }
+    [[ ! -e $work/rank$r.rc ]] || { show_output; fail "rank $r ended before the fault"; }
+    sleep 0.05
+  done
+done
+
+t0=$(now_ms)
+if [[ $mode == kill ]]; then
+  for pid in $(ip netns pids "$prefix-c"); do kill -9 "$pid" 2>/dev/null; done
+  say "killed host c"
+  survivors=()
+  for r in "${all_ranks[@]}"; do [[ ${rank_host[$r]} == c ]] || survivors+=("$r"); done
+else
+  ip -n "$switch" link set port-c down
+  say "took host c's link down"
+  survivors=("${all_ranks[@]}")  # host c's ranks are alive, cut off, and must fail too
+fi
+
+await_ranks $((t0 + timeout_ms + margin_ms)) "${survivors[@]}"
+failed=0
+for r in "${survivors[@]}"; do
+  message=$(grep -m1 "rank $r: weftAllReduce failed at iteration" "$work/rank$r.out")
+  if [[ ${code[$r]} == none ]]; then
+    say "rank $r had not ended $((timeout_ms + margin_ms)) ms after the fault"
+    failed=1
+  elif [[ ${code[$r]} != 3 ]]; then
+    say "rank $r exited ${code[$r]} (want 3: an error reported by the collective)"
+    failed=1
+  elif [[ -z $message ]]; then
+    say "rank $r printed no error message"
+    failed=1
+  else
+    say "rank $r on host-${rank_host[$r]} failed after ${took[$r]} ms: $message"
+  fi
+done
+((failed == 0)) || { show_output; fail "a surviving rank did not fail cleanly"; }
+say "PASS: every surviving rank reported an error within $((timeout_ms + margin_ms)) ms"
