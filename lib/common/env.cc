@@ -32,6 +32,9 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_ALGO", "",
      "Force algorithms per collective, e.g. allreduce:ring,allgather:bruck (names: ring, tree, "
      "rhd, rd, bruck, pairwise, binomial, chain, dissemination)."},
+    {"WEFT_TOPO_FILE", "",
+     "A cluster description (JSON, docs/topology.md) to use instead of discovering the "
+     "topology: for tests, planning and weft-topo."},
     {"WEFT_REDUCE_ISA", "",
      "Force the reduction kernels' instruction set: scalar, avx2 or avx512 (clamped to what the "
      "CPU has)."},
