@@ -292,6 +292,7 @@ weftResult_t weftCommFinalize(weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    weft::StreamEngine::instance().wait_for_comm(impl);  // outstanding work completes first
     return impl->finalize();
   };
   return report(run(), __func__);
