@@ -186,13 +186,6 @@ Status JobRunner::advance(bool* progressed) {
   }
 
   for (Communicator* comm : comms_) comm->progress();
-  for (Communicator* comm : comms_) {
-    Status usable = comm->usable();
-    if (!usable.ok()) {
-      abandon();
-      return usable;
-    }
-  }
   for (size_t i = 0; i < in_flight_.size();) {
     InFlight& entry = in_flight_[i];
     if (!entry.op.request->done.load(std::memory_order_acquire)) {
@@ -223,6 +216,16 @@ Status JobRunner::advance(bool* progressed) {
     state.total = 0;  // counted once
     --unfinished_jobs_;
     *progressed = true;
+  }
+  // A failure matters only to work still unfinished: what completed, completed.
+  if (unfinished_jobs_ > 0) {
+    for (Communicator* comm : comms_) {
+      Status usable = comm->usable();
+      if (!usable.ok()) {
+        abandon();
+        return usable;
+      }
+    }
   }
   return Status::Ok();
 }
