@@ -71,8 +71,17 @@ TRAFFIC = {
     "sendrecv": lambda n: 2 * n,
     "pingpong": lambda n: 2,
 }
+# Those whose buffers hold one block per rank.
+SPLIT_COLLECTIVES = {"reducescatter", "allgather", "alltoall", "alltoallv"}
 TARGET_COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
 KIB, MIB = 1 << 10, 1 << 20
+# raw.csv: one line per run, size and placement.
+RECORD_FIELDS = ("kind", "nranks", "collective", "library", "repeat", "size_bytes", "count",
+                 "iters")
+MEASUREMENT_FIELDS = ("time_us", "algbw_gbps", "busbw_gbps", "wrong", "median_us", "p99_us")
+FLOAT_FIELDS = {"time_us", "algbw_gbps", "busbw_gbps", "median_us", "p99_us", "copy_gbps",
+                "ceiling_busbw"}
+INT_FIELDS = {"nranks", "repeat", "size_bytes", "count", "iters", "wrong"}
 
 
 def ceiling_busbw(collective, nranks, copy_gbps):
@@ -100,6 +109,12 @@ def geometric(first, last, factor):
     while sizes[-1] * factor <= last:
         sizes.append(sizes[-1] * factor)
     return sizes
+
+
+def smallest_size(collective, nranks):
+    """The smallest size with a nonzero count: weft-perf gives each rank of the split
+    collectives a block rounded down to 16 bytes, as nccl-tests does."""
+    return 16 * nranks if collective in SPLIT_COLLECTIVES else 4
 
 
 def rotated(items, shift):
@@ -215,12 +230,13 @@ def measure(args, tools, runner):
     """All runs, interleaved. Returns (records, ceilings, load samples)."""
     records, ceilings, loads = [], [], []
     sizes = geometric(args.min_bytes, args.max_bytes, args.stepfactor)
-    lat_sizes = geometric(args.lat_min_bytes, args.lat_max_bytes, args.lat_factor)
     last_time = {}  # (nranks, collective, lib, size) -> us per call
     common = ["-w", str(args.warmup), "-c", str(args.check)]
     for nranks in args.ranks:
         for collective in args.collectives:
             for rep in range(args.repeats):
+                print(f"bench-compare: {collective}, {nranks} ranks, repeat {rep + 1} of "
+                      f"{args.repeats}", file=sys.stderr, flush=True)
                 loads.append(loadavg())
                 copy = runner.copy_bandwidth(["-s", args.copy_bytes, "-r", str(args.copy_repeats)])
                 if copy is not None:
@@ -235,15 +251,18 @@ def measure(args, tools, runner):
                         for row in runner.collective(lib, collective, nranks, flags):
                             last_time[key] = row["out_of_place"]["time_us"]
                             records.append(dict(row, kind="busbw", repeat=rep, iters=n))
-                if args.lat_iters > 0:
-                    flags = ["-b", str(args.lat_min_bytes), "-e", str(args.lat_max_bytes),
-                             "-f", str(args.lat_factor), "-n", str(args.lat_iters), *common]
-                    for lib in rotated(tools.libraries, rep):
-                        for row in runner.collective(lib, collective, nranks, flags,
-                                                     latency=True):
-                            if row["size_bytes"] in lat_sizes:
-                                records.append(dict(row, kind="latency", repeat=rep,
-                                                    iters=args.lat_iters))
+                lat_sizes = [s for s in geometric(args.lat_min_bytes, args.lat_max_bytes,
+                                                  args.lat_factor)
+                             if s >= smallest_size(collective, nranks)]
+                for lib in rotated(tools.libraries, rep):
+                    n = args.lat_iters_gloo if lib == "gloo" else args.lat_iters
+                    if n <= 0 or not lat_sizes:
+                        continue
+                    flags = ["-b", str(lat_sizes[0]), "-e", str(lat_sizes[-1]),
+                             "-f", str(args.lat_factor), "-n", str(n), *common]
+                    for row in runner.collective(lib, collective, nranks, flags, latency=True):
+                        if row["size_bytes"] in lat_sizes:
+                            records.append(dict(row, kind="latency", repeat=rep, iters=n))
             loads.append(loadavg())
     return records, ceilings, [x for x in loads if x is not None]
 
@@ -255,11 +274,12 @@ def spread(values):
 
 
 def summarize(records, ceilings, placement):
-    """Medians over repeats per (nranks, collective, library, size), split by kind."""
+    """Medians over repeats per (nranks, collective, library, size), split by kind. Runs
+    with wrong results are left out (they are reported as failures)."""
     groups = {}
     for r in records:
         m = r[placement]
-        if m is None or r["count"] == 0:
+        if m is None or r["count"] == 0 or m["wrong"] not in (0, None):
             continue
         key = (r["kind"], r["nranks"], r["collective"], r["library"], r["size_bytes"])
         groups.setdefault(key, []).append(m)
@@ -383,7 +403,7 @@ def target_rows(summary, ceiling, nranks, collective, libraries):
     if sizes and ceil and busbw("weft", sizes[-1]) is not None:
         share = busbw("weft", sizes[-1]) / ceil["ceiling_busbw"]
         rows.append((f"≥ 60% of ceiling at {size_label(sizes[-1])}",
-                     f"{100 * share:.0f}% of {ceil['ceiling_busbw']:.2f} GB/s", share >= 0.6))
+                     f"{100 * share:.1f}% of {ceil['ceiling_busbw']:.2f} GB/s", share >= 0.6))
     return rows
 
 
@@ -448,18 +468,20 @@ def svg_chart(title, y_label, series, x_values, y_log=False, hline=None):
         py = ymap(hline[1])
         out.append(f'<line x1="{left}" y1="{py:.1f}" x2="{left + plot_w}" y2="{py:.1f}" '
                    f'stroke="{COLORS["ceiling"]}" stroke-dasharray="6 4" stroke-width="1.5"/>')
-    for lib, points in series.items():
+    for i, (lib, points) in enumerate(series.items()):
         if not points:
             continue
         color = COLORS[lib]
         path = " ".join(f"{xmap(x):.1f},{ymap(y):.1f}" for x, y, _, _ in points)
         out.append(f'<polyline class="series" data-library="{lib}" fill="none" '
                    f'stroke="{color}" stroke-width="2" points="{path}"/>')
+        # Each library's min-max bars a little apart, so that they do not hide each other.
+        shift = 4 * (i - (len(series) - 1) / 2)
         for x, y, lo, hi in points:
-            px = xmap(x)
+            px = xmap(x) + shift
             out.append(f'<line x1="{px:.1f}" y1="{ymap(lo):.1f}" x2="{px:.1f}" '
                        f'y2="{ymap(hi):.1f}" stroke="{color}" stroke-width="1"/>')
-            out.append(f'<circle cx="{px:.1f}" cy="{ymap(y):.1f}" r="3" fill="{color}"/>')
+            out.append(f'<circle cx="{px - shift:.1f}" cy="{ymap(y):.1f}" r="3" fill="{color}"/>')
     entries = [(lib, LABELS[lib], "") for lib, pts in series.items() if pts]
     if hline:
         entries.append(("ceiling", hline[0], ' stroke-dasharray="6 4"'))
@@ -517,19 +539,10 @@ def write_csv(path, fields, rows):
 
 def write_outputs(out, records, ceilings, summary, ceiling, meta):
     out.mkdir(parents=True, exist_ok=True)
-    raw = []
-    for r in records:
-        for placement in ("out_of_place", "in_place"):
-            m = r[placement]
-            if m is not None:
-                raw.append({"kind": r["kind"], "nranks": r["nranks"],
-                            "collective": r["collective"], "library": r["library"],
-                            "repeat": r["repeat"], "size_bytes": r["size_bytes"],
-                            "count": r["count"], "iters": r["iters"], "placement": placement,
-                            **m})
-    write_csv(out / "raw.csv", ["kind", "nranks", "collective", "library", "repeat", "size_bytes",
-                                "count", "iters", "placement", "time_us", "algbw_gbps",
-                                "busbw_gbps", "wrong", "median_us", "p99_us"], raw)
+    raw = [{**{k: r[k] for k in RECORD_FIELDS}, "placement": placement, **r[placement]}
+           for r in records for placement in ("out_of_place", "in_place")
+           if r[placement] is not None]
+    write_csv(out / "raw.csv", [*RECORD_FIELDS, "placement", *MEASUREMENT_FIELDS], raw)
     rows = []
     for (kind, nranks, collective, lib, size), e in sorted(summary.items()):
         ceil = ceiling.get((nranks, collective), {})
@@ -586,6 +599,8 @@ def parse_args(argv):
     p.add_argument("--lat-factor", type=int, default=8)
     p.add_argument("--lat-iters", type=int, default=1000,
                    help="timed calls per latency size (0: no latency runs)")
+    p.add_argument("--lat-iters-gloo", type=int, default=200,
+                   help="the same for Gloo, whose small calls take milliseconds here")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--placement", choices=("out_of_place", "in_place"), default="out_of_place")
     p.add_argument("--copy-bytes", default="256M", help="weft-copybw -s (256M)")
@@ -593,6 +608,8 @@ def parse_args(argv):
     p.add_argument("--timeout", type=int, default=300, help="seconds per run")
     p.add_argument("--mpi-args", default="", help="extra mpirun arguments")
     p.add_argument("--out", help="write CSV, SVG and meta.json here")
+    p.add_argument("--replot", metavar="DIR",
+                   help="measure nothing: tables (and with --out, files) from DIR's files")
     args = p.parse_args(argv)
     args.ranks = [int(x) for x in args.ranks.split(",")]
     args.collectives = args.collectives.split(",")
@@ -608,53 +625,88 @@ def parse_args(argv):
     return args
 
 
-def main(argv):
-    args = parse_args(argv)
-    tools = Tools(args.build, args.libraries)
-    runner = Runner(tools, args.timeout, args.mpi_args)
-    started = time.time()
-    records, ceilings, loads = measure(args, tools, runner)
-    summary, ceiling = summarize(records, ceilings, args.placement)
-    libraries = tools.libraries
+def load_outputs(directory):
+    """records, ceilings and meta of an earlier run, from the files write_outputs wrote."""
+    def value(field, text):
+        if text == "":
+            return None
+        return float(text) if field in FLOAT_FIELDS else int(text) if field in INT_FIELDS else text
+
+    records = {}
+    with open(directory / "raw.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            row = {k: value(k, v) for k, v in row.items()}
+            key = tuple(row[k] for k in ("kind", "nranks", "collective", "library", "repeat",
+                                         "size_bytes"))
+            record = records.setdefault(key, {**{k: row[k] for k in RECORD_FIELDS},
+                                              "out_of_place": None, "in_place": None})
+            record[row["placement"]] = {k: row[k] for k in MEASUREMENT_FIELDS
+                                        if row[k] is not None or k == "wrong"}
+    with open(directory / "ceiling.csv", newline="") as f:
+        ceilings = [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return list(records.values()), ceilings, json.loads((directory / "meta.json").read_text())
+
+
+def report(summary, ceiling, settings, libraries, loads):
+    """The Markdown tables on stdout."""
     print(f"# bench-compare: {', '.join(LABELS[lib] for lib in libraries)}; "
-          f"{args.placement.replace('_', '-')}, float sum, median of {args.repeats} repeats")
-    for nranks in args.ranks:
-        for collective in args.collectives:
-            name = f"{TITLES.get(collective, collective)}, {nranks} ranks"
+          f"{settings['placement'].replace('_', '-')}, float sum, median of "
+          f"{settings['repeats']} repeats")
+    for nranks in settings["ranks"]:
+        for collective in settings["collectives"]:
+            print(f"\n## {TITLES.get(collective, collective)}, {nranks} ranks\n")
             ceil = ceiling.get((nranks, collective))
-            print(f"\n## {name}\n")
             if ceil:
                 print(f"ceiling: {ceil['ceiling_busbw']:.2f} GB/s busbw (copy "
                       f"{ceil['copy_gbps']:.2f} GB/s, spread {100 * ceil['copy_spread']:.0f}%)\n")
             print(busbw_table(summary, ceiling, nranks, collective, libraries))
             if sizes_of(summary, "latency", nranks, collective):
-                print(f"\nper-call latency ({args.lat_iters} calls per size):\n")
+                print(f"\nper-call latency ({settings['lat_iters']} calls per size, Gloo "
+                      f"{settings['lat_iters_gloo']}; nearest-rank median and p99 per run, "
+                      f"then the median over repeats):\n")
                 print(latency_table(summary, nranks, collective, libraries))
             targets = target_rows(summary, ceiling, nranks, collective, libraries)
             if targets:
                 print("\n" + markdown(["target", "measured", "met"],
                                       [[label, measured, "yes" if met else "NO"]
                                        for label, measured, met in targets]))
-    busbw_spreads = [e["busbw_spread"] for k, e in summary.items() if k[0] == "busbw"]
-    if busbw_spreads:
+    spreads = [e["busbw_spread"] for k, e in summary.items() if k[0] == "busbw"]
+    if spreads:
         print(f"\nnoise: busbw spread (max-min)/median over repeats: median "
-              f"{100 * statistics.median(busbw_spreads):.0f}%, worst "
-              f"{100 * max(busbw_spreads):.0f}%; load average during the run "
-              f"{min(loads, default=0):.2f}–{max(loads, default=0):.2f}")
-    if args.out:
-        out = Path(args.out)
+              f"{100 * statistics.median(spreads):.0f}%, worst {100 * max(spreads):.0f}%; "
+              f"load average during the run {min(loads, default=0):.2f}–"
+              f"{max(loads, default=0):.2f}")
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.replot:
+        records, ceilings, meta = load_outputs(Path(args.replot))
+        meta["settings"]["placement"] = args.placement
+    else:
+        tools = Tools(args.build, args.libraries)
+        runner = Runner(tools, args.timeout, args.mpi_args)
+        started = time.time()
+        records, ceilings, loads = measure(args, tools, runner)
+        settings = {k: getattr(args, k) for k in ("ranks", "collectives", "repeats", "lat_iters",
+                                                  "lat_iters_gloo", "placement")}
         meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                 "command": " ".join([Path(sys.argv[0]).name, *argv]),
                 "seconds": round(time.time() - started, 1), "machine": machine(),
-                "libraries": libraries, "loadavg": loads, "failures": runner.failures}
+                "libraries": tools.libraries, "settings": settings, "loadavg": loads,
+                "failures": runner.failures}
+    summary, ceiling = summarize(records, ceilings, args.placement)
+    report(summary, ceiling, meta["settings"], meta["libraries"], meta["loadavg"])
+    if args.out:
+        out = Path(args.out)
         write_outputs(out, records, ceilings, summary, ceiling, meta)
-        charts = write_charts(out, summary, ceiling, args.ranks, args.collectives, libraries,
-                              args.placement)
+        charts = write_charts(out, summary, ceiling, meta["settings"]["ranks"],
+                              meta["settings"]["collectives"], meta["libraries"], args.placement)
         print(f"\nwrote {out}/raw.csv summary.csv latency.csv ceiling.csv meta.json and "
               f"{len(charts)} SVG charts")
-    for failure in runner.failures:
+    for failure in meta["failures"]:
         print(f"bench-compare: FAILED: {failure}", file=sys.stderr)
-    return 1 if runner.failures else 0
+    return 1 if meta["failures"] else 0
 
 
 if __name__ == "__main__":
