@@ -108,6 +108,10 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
     addresses[peer] = comm->peers_[peer].transport_address;
   }
   comm->transport_->set_peers(std::move(addresses));
+  long local_ranks =
+      std::count_if(comm->peers_.begin(), comm->peers_.end(),
+                    [&](const PeerInfo& p) { return p.host_hash == self.host_hash; });
+  comm->oversubscribed_ = local_ranks > sysconf(_SC_NPROCESSORS_ONLN);
   comm->p2p_send_sequence_.assign(nranks, 0);
   comm->p2p_recv_sequence_.assign(nranks, 0);
   WEFT_LOG(INFO, INIT, "communicator %s: rank %d of %d ready (timeout %lld ms)",
@@ -301,8 +305,13 @@ Status complete_status(const PendingOp& op) {
 
 void ProgressLoop::idle(Deadline deadline) {
   Clock::time_point now = Clock::now();
-  if (idle_since_ == Clock::time_point()) idle_since_ = now;
-  if (now < idle_since_ + kPureSpin) return;
+  if (idle_since_ == Clock::time_point()) {
+    idle_since_ = now;
+    // With more ranks than cores a spinning rank only delays the peer it waits for.
+    pure_spin_ = std::none_of(comms_.begin(), comms_.end(),
+                              [](const Communicator* comm) { return comm->oversubscribed(); });
+  }
+  if (pure_spin_ && now < idle_since_ + kPureSpin) return;
   if (now < idle_since_ + kYieldSpin) {
     // Oversubscribed cores are normal: let a runnable peer have ours.
     sched_yield();

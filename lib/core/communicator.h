@@ -69,6 +69,8 @@ class Communicator {
   int64_t timeout_ms() const { return config_.timeout_ms; }
   const CommConfig& config() const { return config_; }
   const std::vector<PeerInfo>& peers() const { return peers_; }
+  // More ranks of this communicator on this node than cores: waits must not spin.
+  bool oversubscribed() const { return oversubscribed_; }
 
   // Ok while the communicator can run operations; otherwise why not.
   Status usable() const;
@@ -142,6 +144,7 @@ class Communicator {
   mutable std::mutex failure_mutex_;
   std::string failed_message_;
   bool finalized_ = false;
+  bool oversubscribed_ = false;
   std::mutex transport_mutex_;
   std::atomic<int> pending_stream_ops_{0};
 };
@@ -156,9 +159,9 @@ class ProgressLoop {
   void set_comms(std::span<Communicator* const> comms) { comms_ = comms; }
   // Something completed: the next idle spell starts with spinning again.
   void progressed() { idle_since_ = Clock::time_point(); }
-  // Nothing was ready: spin for a few microseconds, then yield the core for a
-  // while (peers may need it), then sleep until an event, a failure, the
-  // extra fd or (at most) the deadline.
+  // Nothing was ready: spin for a few microseconds (unless the node is
+  // oversubscribed), then yield the core for a while (peers may need it),
+  // then sleep until an event, a failure, the extra fd or (at most) the deadline.
   void idle(Deadline deadline);
   // Marks every communicator failed with a timeout naming `what`.
   Status timeout(int64_t timeout_ms, const std::string& what);
@@ -167,6 +170,7 @@ class ProgressLoop {
   std::span<Communicator* const> comms_;
   int extra_fd_;
   Clock::time_point idle_since_;  // zero: not idle
+  bool pure_spin_ = true;
   std::vector<struct pollfd> fds_;
   static constexpr auto kPureSpin = std::chrono::microseconds(5);
   static constexpr auto kYieldSpin = std::chrono::microseconds(50);

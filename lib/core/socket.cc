@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string_view>
 #include <thread>
@@ -28,14 +29,17 @@ int remaining_ms(Deadline deadline, int cap_ms) {
 
 std::string SocketAddress::to_string() const {
   char host[INET6_ADDRSTRLEN] = "?";
+  char text[INET6_ADDRSTRLEN + 16];
   if (storage.ss_family == AF_INET) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, host,
               sizeof(host));
-    return std::string(host) + ":" + std::to_string(port());
+    snprintf(text, sizeof(text), "%s:%u", host, port());
+  } else {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, host,
+              sizeof(host));
+    snprintf(text, sizeof(text), "[%s]:%u", host, port());
   }
-  inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, host,
-            sizeof(host));
-  return "[" + std::string(host) + "]:" + std::to_string(port());
+  return text;
 }
 
 uint16_t SocketAddress::port() const {

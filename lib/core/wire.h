@@ -15,19 +15,23 @@ class WireWriter {
   template <typename T>
   void put(const T& value) {
     static_assert(std::is_trivially_copyable_v<T>);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&value);
-    data_.insert(data_.end(), bytes, bytes + sizeof(T));
+    append(&value, sizeof(T));
   }
   void put_bytes(const void* bytes, size_t size) {
     put<uint32_t>(static_cast<uint32_t>(size));
-    const auto* begin = static_cast<const uint8_t*>(bytes);
-    data_.insert(data_.end(), begin, begin + size);
+    append(bytes, size);
   }
   void put_blob(const std::vector<uint8_t>& blob) { put_bytes(blob.data(), blob.size()); }
   void put_string(const std::string& text) { put_bytes(text.data(), text.size()); }
   std::vector<uint8_t>& data() { return data_; }
 
  private:
+  void append(const void* bytes, size_t size) {
+    if (size == 0) return;
+    size_t old = data_.size();
+    data_.resize(old + size);
+    memcpy(data_.data() + old, bytes, size);
+  }
   std::vector<uint8_t> data_;
 };
 

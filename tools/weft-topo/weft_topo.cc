@@ -102,8 +102,13 @@ std::string ranges(std::vector<int> values) {
   for (size_t i = 0; i < values.size();) {
     size_t j = i;
     while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
-    out += (out.empty() ? "" : ",") + std::to_string(values[i]);
-    if (j > i) out += "-" + std::to_string(values[j]);
+    // Appended piece by piece: GCC 12 warns falsely on "literal" + std::string at -O3.
+    if (!out.empty()) out += ',';
+    out += std::to_string(values[i]);
+    if (j > i) {
+      out += '-';
+      out += std::to_string(values[j]);
+    }
     i = j + 1;
   }
   return out.empty() ? "none" : out;

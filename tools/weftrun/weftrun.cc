@@ -368,7 +368,12 @@ class Launcher {
     }
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
-    std::string prefix = options_.prefix ? "[" + std::to_string(r) + "] " : "";
+    std::string prefix;
+    if (options_.prefix) {  // appended piece by piece: GCC 12 warns falsely on "[" + string
+      prefix += '[';
+      prefix += std::to_string(r);
+      prefix += "] ";
+    }
     Rank& rank = ranks_.emplace_back(r, out[0], err[0], prefix);
     pid_t pid = fork();
     if (pid == 0) exec_rank(r, out[1], err[1]);
