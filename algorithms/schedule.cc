@@ -14,7 +14,8 @@ constexpr const char* kCollectiveNames[kNumCollectives] = {
     "alltoall",  "alltoallv",     "gather",    "scatter",   "barrier",
 };
 constexpr const char* kAlgorithmNames[kNumAlgorithms] = {
-    "ring", "tree", "rhd", "rd", "bruck", "pairwise", "binomial", "chain", "dissemination",
+    "ring",  "tree",          "rhd",  "rd",     "bruck",   "pairwise", "binomial",
+    "chain", "dissemination", "hier", "leader", "oneshot", "twoshot",
 };
 
 using Builder = void (*)(const Params&, detail::Emitter&);
@@ -49,6 +50,21 @@ constexpr Entry kEntries[] = {
     {Algorithm::Dissemination, Collective::Barrier, detail::dissemination_barrier},
 };
 
+// Collectives the direct (shared-memory) algorithms implement.
+bool direct_supports(Algorithm algorithm, Collective collective) {
+  switch (algorithm) {
+    case Algorithm::OneShot:
+      return collective == Collective::AllReduce || collective == Collective::ReduceScatter ||
+             collective == Collective::AllGather || collective == Collective::Broadcast ||
+             collective == Collective::Reduce || collective == Collective::AllToAll ||
+             collective == Collective::AllToAllv;
+    case Algorithm::TwoShot:
+      return collective == Collective::AllReduce;
+    default:
+      return false;
+  }
+}
+
 const Entry* find_entry(Algorithm algorithm, Collective collective) {
   for (const Entry& entry : kEntries) {
     if (entry.algorithm == algorithm && entry.collective == collective) return &entry;
@@ -64,6 +80,21 @@ bool rooted(Collective c) {
 bool fail(std::string* error, std::string message) {
   if (error) *error = std::move(message);
   return false;
+}
+
+bool valid_layout(const Layout& layout, int nranks) {
+  if (layout.node_of.size() != static_cast<size_t>(nranks)) return false;
+  for (int node : layout.node_of) {
+    if (node < 0 || node >= nranks) return false;
+  }
+  if (layout.ring.empty()) return true;
+  if (layout.ring.size() != static_cast<size_t>(nranks)) return false;
+  std::vector<bool> seen(nranks, false);
+  for (int rank : layout.ring) {
+    if (rank < 0 || rank >= nranks || seen[rank]) return false;
+    seen[rank] = true;
+  }
+  return true;
 }
 
 bool validate(const Params& p, std::string* error) {
@@ -85,6 +116,13 @@ bool validate(const Params& p, std::string* error) {
     if (p.send_counts[p.rank] != p.recv_counts[p.rank]) {
       return fail(error, "alltoallv: this rank's send and receive counts to itself differ");
     }
+  }
+  if (p.layout != nullptr && !valid_layout(*p.layout, p.nranks)) {
+    return fail(error, "layout: node_of needs one node per rank, ring a permutation of the ranks");
+  }
+  if (is_direct(p.algorithm)) {
+    return fail(error, std::string(algorithm_name(p.algorithm)) +
+                           " runs directly over shared memory and has no schedule");
   }
   if (!find_entry(p.algorithm, p.collective)) {
     return fail(error, std::string(algorithm_name(p.algorithm)) + " does not implement " +
@@ -186,8 +224,12 @@ uint64_t output_count(const Params& p) {
   }
 }
 
+bool is_direct(Algorithm algorithm) {
+  return algorithm == Algorithm::OneShot || algorithm == Algorithm::TwoShot;
+}
+
 bool supports(Algorithm algorithm, Collective collective) {
-  return find_entry(algorithm, collective) != nullptr;
+  return find_entry(algorithm, collective) != nullptr || direct_supports(algorithm, collective);
 }
 
 bool build(const Params& params, Program* program, std::string* error) {

@@ -36,13 +36,22 @@ enum class Algorithm : uint8_t {
   Binomial,
   Chain,
   Dissemination,
+  Hierarchical,  // inside each node, across nodes, inside each node again
+  NodeLeader,    // through one leader rank per node (small messages)
+  OneShot,       // direct over shared memory: every rank reads every peer's input
+  TwoShot,       // direct over shared memory: reduce a slice, then gather the slices
 };
-inline constexpr int kNumAlgorithms = 9;
+inline constexpr int kNumAlgorithms = 13;
 
 const char* collective_name(Collective c);  // "allreduce", "reducescatter", ...
 const char* algorithm_name(Algorithm a);    // "ring", "tree", "rhd", ...
 bool parse_collective(std::string_view name, Collective* out);
 bool parse_algorithm(std::string_view name, Algorithm* out);
+
+// Direct algorithms run over memory the ranks of one node share; the host
+// executor performs them itself, so they have no program (build() refuses
+// them) and apply only when every rank of the communicator is on one node.
+bool is_direct(Algorithm algorithm);
 
 // Where a range lives. Input is the user's send buffer, Output the user's
 // receive buffer, Scratch a buffer the executor provides (Program::scratch_count
@@ -93,15 +102,23 @@ struct Program {
   uint32_t add(const Step& step, const std::vector<uint32_t>& after);
 };
 
+// Where the ranks sit, for topology-aware and hierarchical schedules. Every
+// rank of a communicator passes the same layout.
+struct Layout {
+  std::vector<int> node_of;  // node index per rank, nodes numbered 0.. by lowest rank
+  std::vector<int> ring;     // ring order, every rank once; empty: 0, 1, ..., n-1
+};
+
 struct Params {
   Collective collective = Collective::AllReduce;
   Algorithm algorithm = Algorithm::Ring;
   int nranks = 1;
   int rank = 0;
-  int root = 0;           // Broadcast, Reduce, Gather, Scatter
-  uint64_t count = 0;     // per collective, as the C API's count argument
-  uint64_t chunk = 0;     // max elements per message (0: no chunking)
-  bool in_place = false;  // Input/Output alias as described above
+  int root = 0;                    // Broadcast, Reduce, Gather, Scatter
+  uint64_t count = 0;              // per collective, as the C API's count argument
+  uint64_t chunk = 0;              // max elements per message (0: no chunking)
+  bool in_place = false;           // Input/Output alias as described above
+  const Layout* layout = nullptr;  // null: one node, rings in rank order
   // AllToAllv only (elements, indexed by peer; nranks entries each).
   const uint64_t* send_counts = nullptr;
   const uint64_t* send_displs = nullptr;

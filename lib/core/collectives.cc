@@ -129,6 +129,7 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   params.root = is_rooted(call.collective) ? call.root : 0;
   params.count = call.count;
   params.in_place = premul == nullptr && detect_in_place(call, comm.rank(), element);
+  params.layout = &comm.topology().layout;
   params.send_counts = call.send_counts;
   params.send_displs = call.send_displs;
   params.recv_counts = call.recv_counts;

@@ -40,6 +40,8 @@ uint64_t host_hash() {
 Blob encode_peer(const PeerInfo& peer) {
   WireWriter writer;
   writer.put(peer.host_hash);
+  writer.put(peer.package);
+  writer.put(peer.numa);
   writer.put(peer.pid);
   writer.put_string(peer.host);
   writer.put_blob(peer.transport_address);
@@ -48,7 +50,8 @@ Blob encode_peer(const PeerInfo& peer) {
 
 bool decode_peer(const Blob& blob, PeerInfo* peer) {
   WireReader reader(blob);
-  return reader.get(&peer->host_hash) && reader.get(&peer->pid) && reader.get_string(&peer->host) &&
+  return reader.get(&peer->host_hash) && reader.get(&peer->package) && reader.get(&peer->numa) &&
+         reader.get(&peer->pid) && reader.get_string(&peer->host) &&
          reader.get_blob(&peer->transport_address);
 }
 
@@ -91,6 +94,9 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   self.host_hash = host_hash();
   self.host = hostname();
   self.pid = getpid();
+  topo::RankPlace place = this_process_place(self.host_hash);
+  self.package = place.package;
+  self.numa = place.numa;
   self.transport_address = comm->transport_->address();
 
   Communicator* raw = comm.get();
@@ -108,6 +114,12 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
     addresses[peer] = comm->peers_[peer].transport_address;
   }
   comm->transport_->set_peers(std::move(addresses));
+  std::vector<topo::RankPlace> places(nranks);
+  for (int peer = 0; peer < nranks; ++peer) {
+    const PeerInfo& info = comm->peers_[peer];
+    places[peer] = topo::RankPlace{info.host_hash, info.package, info.numa, -1};
+  }
+  WEFT_RETURN_IF_ERROR(comm_topology(std::move(places), &comm->topology_));
   long local_ranks =
       std::count_if(comm->peers_.begin(), comm->peers_.end(),
                     [&](const PeerInfo& p) { return p.host_hash == self.host_hash; });

@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "core/bootstrap.h"
+#include "core/layout.h"
 #include "core/program.h"
 #include "core/tuner.h"
 #include "transports/ucx/ucx_transport.h"
@@ -32,6 +33,8 @@ struct CommConfig {
 
 struct PeerInfo {
   uint64_t host_hash = 0;  // hostname + boot id: ranks with equal hashes share a node
+  int32_t package = -1;    // of the rank's binding on its node; -1: unknown
+  int32_t numa = -1;
   std::string host;
   int32_t pid = 0;
   Blob transport_address;
@@ -69,6 +72,8 @@ class Communicator {
   int64_t timeout_ms() const { return config_.timeout_ms; }
   const CommConfig& config() const { return config_; }
   const std::vector<PeerInfo>& peers() const { return peers_; }
+  // Where the ranks sit (possibly injected by WEFT_TOPO_FILE): for schedules and the tuner.
+  const CommTopology& topology() const { return topology_; }
   // More ranks of this communicator on this node than cores: waits must not spin.
   bool oversubscribed() const { return oversubscribed_; }
 
@@ -131,6 +136,7 @@ class Communicator {
   int nranks_ = 0;
   CommConfig config_;
   std::vector<PeerInfo> peers_;
+  CommTopology topology_;
   std::unique_ptr<ucx::Transport> transport_;
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<uint32_t> p2p_send_sequence_;

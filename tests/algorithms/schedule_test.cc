@@ -46,7 +46,10 @@ TEST(Schedule, SupportTable) {
       {A::Rd, C::AllGather},           {A::Binomial, C::Broadcast},    {A::Chain, C::Broadcast},
       {A::Binomial, C::Reduce},        {A::Chain, C::Reduce},          {A::Pairwise, C::AllToAll},
       {A::Bruck, C::AllToAll},         {A::Pairwise, C::AllToAllv},    {A::Binomial, C::Gather},
-      {A::Binomial, C::Scatter},       {A::Dissemination, C::Barrier},
+      {A::Binomial, C::Scatter},       {A::Dissemination, C::Barrier}, {A::OneShot, C::AllReduce},
+      {A::OneShot, C::ReduceScatter},  {A::OneShot, C::AllGather},     {A::OneShot, C::Broadcast},
+      {A::OneShot, C::Reduce},         {A::OneShot, C::AllToAll},      {A::OneShot, C::AllToAllv},
+      {A::TwoShot, C::AllReduce},
   };
   for (int a = 0; a < kNumAlgorithms; ++a) {
     for (int c = 0; c < kNumCollectives; ++c) {
@@ -101,10 +104,35 @@ TEST(Schedule, RejectsBadArguments) {
   EXPECT_FALSE(build(p, &program, &error));
 }
 
+TEST(Schedule, RejectsDirectAlgorithmsAndBadLayouts) {
+  Program program;
+  std::string error;
+  Params p;
+  p.nranks = 4;
+  p.count = 8;
+  p.algorithm = Algorithm::OneShot;
+  EXPECT_FALSE(build(p, &program, &error));
+  EXPECT_NE(error.find("shared memory"), std::string::npos) << error;
+
+  p.algorithm = Algorithm::Ring;
+  Layout layout;
+  p.layout = &layout;
+  layout.node_of = {0, 0, 1};  // one entry short
+  EXPECT_FALSE(build(p, &program, &error));
+  EXPECT_NE(error.find("layout"), std::string::npos) << error;
+  layout.node_of = {0, 0, 1, 1};
+  layout.ring = {0, 1, 1, 3};  // not a permutation
+  EXPECT_FALSE(build(p, &program, &error));
+  layout.ring = {0, 2, 1, 3};
+  EXPECT_TRUE(build(p, &program, &error)) << error;
+}
+
 TEST(Schedule, EmptyVectorsGiveEmptyPrograms) {
   for (int c = 0; c < kNumCollectives; ++c) {
     for (int a = 0; a < kNumAlgorithms; ++a) {
-      if (!supports(Algorithm(a), Collective(c)) || Collective(c) == Collective::Barrier) continue;
+      if (!supports(Algorithm(a), Collective(c)) || is_direct(Algorithm(a)) ||
+          Collective(c) == Collective::Barrier)
+        continue;
       for (int n : {1, 2, 7}) {
         const std::vector<uint64_t> zeros(n, 0);
         Params p;

@@ -26,7 +26,8 @@ inline std::vector<Pair> supported_pairs() {
   std::vector<Pair> pairs;
   for (int c = 0; c < kNumCollectives; ++c) {
     for (int a = 0; a < kNumAlgorithms; ++a) {
-      if (supports(Algorithm(a), Collective(c))) pairs.push_back({Algorithm(a), Collective(c)});
+      if (supports(Algorithm(a), Collective(c)) && !is_direct(Algorithm(a)))
+        pairs.push_back({Algorithm(a), Collective(c)});
     }
   }
   return pairs;

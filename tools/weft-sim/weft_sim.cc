@@ -228,7 +228,8 @@ int main(int argc, char** argv) {
   std::vector<Algorithm> algorithms;
   for (int a = 0; a < weft::algo::kNumAlgorithms; ++a) {
     const Algorithm candidate = static_cast<Algorithm>(a);
-    if (!weft::algo::supports(candidate, params.collective)) continue;
+    if (!weft::algo::supports(candidate, params.collective) || weft::algo::is_direct(candidate))
+      continue;
     if (algo == "all" || algo == weft::algo::algorithm_name(candidate))
       algorithms.push_back(candidate);
   }
