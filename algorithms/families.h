@@ -3,6 +3,8 @@
 // count >= 1; build() handles the trivial cases. Internal to weft_algorithms.
 #pragma once
 
+#include <string>
+
 #include "algorithms/patterns.h"
 #include "algorithms/schedule.h"
 #include "algorithms/steps.h"
@@ -15,6 +17,12 @@ void ring_reduce_scatter(const Params& p, Emitter& e);
 void ring_allgather(const Params& p, Emitter& e);
 void chain_broadcast(const Params& p, Emitter& e);
 void chain_reduce(const Params& p, Emitter& e);
+// The halves of ring AllReduce as separate phases, for compositions (any
+// nranks): the first leaves block q of the sum (block_span(count, n, q)) in
+// ring position q's Output; the second, in place on Output, copies every
+// position's block to all.
+void ring_allreduce_reduce_phase(const Params& p, Emitter& e);
+void ring_allreduce_gather_phase(const Params& p, Emitter& e);
 
 // tree.cc
 void tree_allreduce(const Params& p, Emitter& e);
@@ -40,5 +48,18 @@ void bruck_alltoall(const Params& p, Emitter& e);
 void pairwise_reduce_scatter(const Params& p, Emitter& e);
 void pairwise_alltoall(const Params& p, Emitter& e);  // AllToAll and AllToAllv
 void dissemination_barrier(const Params& p, Emitter& e);
+
+// hierarchical.cc
+void hier_allreduce(const Params& p, Emitter& e);
+void hier_reduce_scatter(const Params& p, Emitter& e);
+void hier_allgather(const Params& p, Emitter& e);
+void hier_broadcast(const Params& p, Emitter& e);
+void hier_reduce(const Params& p, Emitter& e);
+void leader_allreduce(const Params& p, Emitter& e);
+void leader_broadcast(const Params& p, Emitter& e);
+void leader_reduce(const Params& p, Emitter& e);
+// Whether the layout suits the hierarchical schedule of p's collective;
+// *why says what is missing.
+bool hier_applicable(const Params& p, std::string* why);
 
 }  // namespace weft::algo::detail

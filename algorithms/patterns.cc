@@ -114,6 +114,16 @@ TreeLinks double_binary_tree(int nranks, int which, int rank) {
   return links;
 }
 
+TreeLinks map_links(TreeLinks links, const std::vector<int>& members) {
+  if (links.parent >= 0) links.parent = members[links.parent];
+  for (int& child : links.children) child = members[child];
+  return links;
+}
+
+int position_of(const std::vector<int>& members, int rank) {
+  return static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+}
+
 Fold fold_for(int nranks, int rank) {
   Fold fold;
   fold.pow2 = 1 << log2_floor(static_cast<uint64_t>(nranks));

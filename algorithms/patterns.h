@@ -63,6 +63,11 @@ TreeLinks chain_tree(int nranks, int root, int rank);
 // a vector can be reduced through disjoint sets of interior links.
 TreeLinks double_binary_tree(int nranks, int which, int rank);
 
+// `links` over positions 0..n-1 turned into links between members[position].
+TreeLinks map_links(TreeLinks links, const std::vector<int>& members);
+// Where `rank` sits in `members` (members.size() if absent).
+int position_of(const std::vector<int>& members, int rank);
+
 // Recursive doubling/halving on any rank count: with pow2 the largest power
 // of two <= nranks and extra = nranks - pow2, ranks 2i+1 < 2*extra fold into
 // rank 2i, and the pow2 remaining ("virtual") ranks run the power-of-two

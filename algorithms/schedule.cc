@@ -48,6 +48,14 @@ constexpr Entry kEntries[] = {
     {Algorithm::Binomial, Collective::Gather, detail::binomial_gather},
     {Algorithm::Binomial, Collective::Scatter, detail::binomial_scatter},
     {Algorithm::Dissemination, Collective::Barrier, detail::dissemination_barrier},
+    {Algorithm::Hierarchical, Collective::AllReduce, detail::hier_allreduce},
+    {Algorithm::Hierarchical, Collective::ReduceScatter, detail::hier_reduce_scatter},
+    {Algorithm::Hierarchical, Collective::AllGather, detail::hier_allgather},
+    {Algorithm::Hierarchical, Collective::Broadcast, detail::hier_broadcast},
+    {Algorithm::Hierarchical, Collective::Reduce, detail::hier_reduce},
+    {Algorithm::NodeLeader, Collective::AllReduce, detail::leader_allreduce},
+    {Algorithm::NodeLeader, Collective::Broadcast, detail::leader_broadcast},
+    {Algorithm::NodeLeader, Collective::Reduce, detail::leader_reduce},
 };
 
 // Collectives the direct (shared-memory) algorithms implement.
@@ -232,9 +240,13 @@ bool supports(Algorithm algorithm, Collective collective) {
   return find_entry(algorithm, collective) != nullptr || direct_supports(algorithm, collective);
 }
 
+bool applicable(const Params& params, std::string* why) {
+  return validate(params, why) && detail::hier_applicable(params, why);
+}
+
 bool build(const Params& params, Program* program, std::string* error) {
   *program = Program{};
-  if (!validate(params, error)) return false;
+  if (!applicable(params, error)) return false;
   detail::Emitter emitter(program);
   const Collective c = params.collective;
   if (c != Collective::AllToAllv && c != Collective::Barrier && params.count == 0) return true;

@@ -136,6 +136,14 @@ uint64_t output_count(const Params& params);
 // Whether `algorithm` implements `collective` (for any nranks).
 bool supports(Algorithm algorithm, Collective collective);
 
+// Whether build() makes a program for `params`: the arguments are valid, the
+// pair is supported, and the layout suits the algorithm (hierarchical
+// AllReduce, ReduceScatter and AllGather pair ranks across nodes by their
+// index in the node, so they need the same number of ranks on every node).
+// Otherwise false, with the reason in *why (when given). Tuners use it to
+// skip candidates.
+bool applicable(const Params& params, std::string* why);
+
 // Builds this rank's program. Returns false and sets *error when the
 // combination is not supported; never throws for valid input.
 bool build(const Params& params, Program* program, std::string* error);

@@ -123,6 +123,18 @@ void recv_noted(Emitter& e, int peer, const Range& base, Span span, uint64_t chu
   }
 }
 
+RingOrder ring_order(const Params& p) {
+  RingOrder order;
+  if (p.layout != nullptr && !p.layout->ring.empty()) {
+    order.members = p.layout->ring;
+  } else {
+    order.members.resize(p.nranks);
+    for (int r = 0; r < p.nranks; ++r) order.members[r] = r;
+  }
+  order.pos = position_of(order.members, p.rank);
+  return order;
+}
+
 namespace {
 
 uint64_t max_count(const std::vector<Span>& blocks) {
@@ -137,10 +149,12 @@ Span absolute(const Span& block, const Span& piece) {
 
 }  // namespace
 
-RingReduceScatter ring_reduce_scatter(Emitter& e, int nranks, int rank,
+RingReduceScatter ring_reduce_scatter(Emitter& e, const RingOrder& ring,
                                       const std::vector<Span>& blocks, uint64_t chunk,
                                       const Range& input, const Range& acc, const Range& own_dst) {
   RingReduceScatter out;
+  const int nranks = ring.size();
+  const int rank = ring.pos;
   const uint64_t largest = max_count(blocks);
   const uint64_t per = chunk_count(largest, chunk);
   out.chunks_per_block = per;
@@ -149,8 +163,8 @@ RingReduceScatter ring_reduce_scatter(Emitter& e, int nranks, int rank,
   const bool in_acc = acc.count > 0;
   // Two steps' worth of chunks: receiving step s overlaps forwarding step s-1.
   SlotRing slots(e, chunk == 0 ? largest : std::min(chunk, largest), 2 * per);
-  const int right = ring_next(rank, nranks);
-  const int left = ring_prev(rank, nranks);
+  const int right = ring.right();
+  const int left = ring.left();
   std::vector<uint32_t> reduced(per, kNone);  // per chunk, the block received last step
   for (int s = 0; s + 1 < nranks; ++s) {
     const Span& out_block = blocks[wrap_rank(int64_t{rank} - 1 - s, nranks)];
@@ -181,12 +195,14 @@ RingReduceScatter ring_reduce_scatter(Emitter& e, int nranks, int rank,
   return out;
 }
 
-void ring_allgather(Emitter& e, int nranks, int rank, const std::vector<Span>& blocks,
+void ring_allgather(Emitter& e, const RingOrder& ring, const std::vector<Span>& blocks,
                     uint64_t chunk, const Range& own_src, const std::vector<uint32_t>& own_ready,
                     const Range& out, const std::vector<uint32_t>& recv_after) {
   const uint64_t per = chunk_count(max_count(blocks), chunk);
-  const int right = ring_next(rank, nranks);
-  const int left = ring_prev(rank, nranks);
+  const int nranks = ring.size();
+  const int rank = ring.pos;
+  const int right = ring.right();
+  const int left = ring.left();
   std::vector<uint32_t> received(per, kNone);  // per chunk, the block received last step
   for (int s = 0; s + 1 < nranks; ++s) {
     const Span& out_block = blocks[wrap_rank(int64_t{rank} - s, nranks)];

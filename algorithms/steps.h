@@ -144,9 +144,21 @@ void send_written(Emitter& e, int peer, const Range& base, Span span, uint64_t c
 void recv_noted(Emitter& e, int peer, const Range& base, Span span, uint64_t chunk,
                 const LastTouch* wait, LastTouch* written);
 
-// Ring reduce-scatter of the vector in `input` cut into `blocks`: in step s
-// rank r sends block r-1-s to the right and folds block r-2-s from the left
-// into its running sum, so after n-1 steps it owns block r in `own_dst`. The
+// The ring a ring or chain schedule follows: the real rank at each position
+// (the layout's ring, else rank order), and this rank's position in it.
+struct RingOrder {
+  std::vector<int> members;
+  int pos = 0;
+  int size() const { return static_cast<int>(members.size()); }
+  int right() const { return members[ring_next(pos, size())]; }
+  int left() const { return members[ring_prev(pos, size())]; }
+};
+RingOrder ring_order(const Params& p);
+
+// Ring reduce-scatter of the vector in `input` cut into `blocks` (indexed
+// by ring position): in step s position r sends block r-1-s to the right
+// and folds block r-2-s from the left into its running sum, so after n-1
+// steps it owns block r in `own_dst`. The
 // running sums live in `acc` at the block offsets when acc.count > 0 (as an
 // AllReduce does with its Output), otherwise in scratch slots. Each block is
 // summed at a single rank, in a fixed order.
@@ -155,15 +167,15 @@ struct RingReduceScatter {
   std::vector<uint32_t> own_ready;  // per chunk of block r: its last reduce
   std::vector<uint32_t> sends;      // [s * chunks_per_block + c]
 };
-RingReduceScatter ring_reduce_scatter(Emitter& e, int nranks, int rank,
+RingReduceScatter ring_reduce_scatter(Emitter& e, const RingOrder& ring,
                                       const std::vector<Span>& blocks, uint64_t chunk,
                                       const Range& input, const Range& acc, const Range& own_dst);
 
-// Ring allgather into `out` at the block offsets: rank r's block starts at
+// Ring allgather into `out` at the block offsets: position r's block starts at
 // `own_src` (chunk c ready after own_ready[c], when given); step s forwards
 // block r-s and receives block r-s-1, whose chunk c first waits for
 // recv_after[s * chunks_per_block + c], when given.
-void ring_allgather(Emitter& e, int nranks, int rank, const std::vector<Span>& blocks,
+void ring_allgather(Emitter& e, const RingOrder& ring, const std::vector<Span>& blocks,
                     uint64_t chunk, const Range& own_src, const std::vector<uint32_t>& own_ready,
                     const Range& out, const std::vector<uint32_t>& recv_after);
 

@@ -9,12 +9,15 @@ namespace weft::algo::detail {
 
 // Each tree reduces half of the vector to its root and broadcasts it back,
 // so every element is summed in one place; a rank is interior in at most
-// one tree, which spreads the forwarding work.
+// one tree, which spreads the forwarding work. The trees are built over
+// positions in the layout's ring: a subtree covers consecutive positions,
+// so it stays inside a node where it can.
 void tree_allreduce(const Params& p, Emitter& e) {
+  const RingOrder ring = ring_order(p);
   for (int which = 0; which < 2; ++which) {
     const Span half = block_span(p.count, 2, which);
     if (half.count == 0) continue;
-    const TreeLinks links = double_binary_tree(p.nranks, which, p.rank);
+    const TreeLinks links = map_links(double_binary_tree(p.nranks, which, ring.pos), ring.members);
     const Range output = at(Buf::Output, half);
     const TreeReduce up = tree_reduce(e, links, at(Buf::Input, half), output, p.chunk);
     // The root starts once a chunk is summed; others overwrite what they

@@ -40,16 +40,24 @@ TEST(Schedule, SupportTable) {
   using A = Algorithm;
   using C = Collective;
   const std::set<std::pair<A, C>> expected = {
-      {A::Ring, C::AllReduce},         {A::Tree, C::AllReduce},        {A::Rhd, C::AllReduce},
-      {A::Rd, C::AllReduce},           {A::Ring, C::ReduceScatter},    {A::Rhd, C::ReduceScatter},
-      {A::Pairwise, C::ReduceScatter}, {A::Ring, C::AllGather},        {A::Bruck, C::AllGather},
-      {A::Rd, C::AllGather},           {A::Binomial, C::Broadcast},    {A::Chain, C::Broadcast},
-      {A::Binomial, C::Reduce},        {A::Chain, C::Reduce},          {A::Pairwise, C::AllToAll},
-      {A::Bruck, C::AllToAll},         {A::Pairwise, C::AllToAllv},    {A::Binomial, C::Gather},
-      {A::Binomial, C::Scatter},       {A::Dissemination, C::Barrier}, {A::OneShot, C::AllReduce},
-      {A::OneShot, C::ReduceScatter},  {A::OneShot, C::AllGather},     {A::OneShot, C::Broadcast},
-      {A::OneShot, C::Reduce},         {A::OneShot, C::AllToAll},      {A::OneShot, C::AllToAllv},
-      {A::TwoShot, C::AllReduce},
+      {A::Ring, C::AllReduce},         {A::Tree, C::AllReduce},
+      {A::Rhd, C::AllReduce},          {A::Rd, C::AllReduce},
+      {A::Ring, C::ReduceScatter},     {A::Rhd, C::ReduceScatter},
+      {A::Pairwise, C::ReduceScatter}, {A::Ring, C::AllGather},
+      {A::Bruck, C::AllGather},        {A::Rd, C::AllGather},
+      {A::Binomial, C::Broadcast},     {A::Chain, C::Broadcast},
+      {A::Binomial, C::Reduce},        {A::Chain, C::Reduce},
+      {A::Pairwise, C::AllToAll},      {A::Bruck, C::AllToAll},
+      {A::Pairwise, C::AllToAllv},     {A::Binomial, C::Gather},
+      {A::Binomial, C::Scatter},       {A::Dissemination, C::Barrier},
+      {A::OneShot, C::AllReduce},      {A::OneShot, C::ReduceScatter},
+      {A::OneShot, C::AllGather},      {A::OneShot, C::Broadcast},
+      {A::OneShot, C::Reduce},         {A::OneShot, C::AllToAll},
+      {A::OneShot, C::AllToAllv},      {A::TwoShot, C::AllReduce},
+      {A::Hierarchical, C::AllReduce}, {A::Hierarchical, C::ReduceScatter},
+      {A::Hierarchical, C::AllGather}, {A::Hierarchical, C::Broadcast},
+      {A::Hierarchical, C::Reduce},    {A::NodeLeader, C::AllReduce},
+      {A::NodeLeader, C::Broadcast},   {A::NodeLeader, C::Reduce},
   };
   for (int a = 0; a < kNumAlgorithms; ++a) {
     for (int c = 0; c < kNumCollectives; ++c) {

@@ -1,0 +1,290 @@
+// Two-level compositions for multi-node communicators. Hierarchical: inside
+// each node, across nodes among the ranks with the same index in their node
+// (each node's ranks carry a slice, so every rank's link out of the node
+// works), inside each node again. Node leader: through one rank per node,
+// for small messages where the fewest cross-node messages win. Every phase
+// is an existing schedule built for a sub-group and composed into this
+// rank's program, one phase after the other.
+#include <string>
+#include <vector>
+
+#include "algorithms/compose.h"
+#include "algorithms/families.h"
+
+namespace weft::algo::detail {
+
+namespace {
+
+// The layout as two levels: nodes in the order the ring first enters them,
+// each node's ranks in ring order (so sub-rings follow the topology too).
+struct Nodes {
+  std::vector<std::vector<int>> ranks;  // [node][local index] -> rank
+  int node = 0;                         // this rank's node
+  int local = 0;                        // this rank's index in it
+
+  int count() const { return static_cast<int>(ranks.size()); }
+  const std::vector<int>& mine() const { return ranks[node]; }
+  // The ranks with local index j, one per node (all nodes must have j).
+  std::vector<int> same_index(int j) const {
+    std::vector<int> out;
+    for (const std::vector<int>& group : ranks) out.push_back(group[j]);
+    return out;
+  }
+  // Where `rank` sits: {node, local index}.
+  std::pair<int, int> find(int rank) const {
+    for (int k = 0; k < count(); ++k) {
+      const int j = position_of(ranks[k], rank);
+      if (j < static_cast<int>(ranks[k].size())) return {k, j};
+    }
+    return {-1, -1};
+  }
+};
+
+Nodes nodes_of(const Params& p) {
+  const RingOrder ring = ring_order(p);
+  Nodes out;
+  std::vector<int> slot(p.nranks, -1);  // node id -> index in out.ranks
+  for (int rank : ring.members) {
+    const int id = p.layout != nullptr ? p.layout->node_of[rank] : 0;
+    if (slot[id] < 0) {
+      slot[id] = out.count();
+      out.ranks.emplace_back();
+    }
+    std::vector<int>& group = out.ranks[slot[id]];
+    if (rank == p.rank) {
+      out.node = slot[id];
+      out.local = static_cast<int>(group.size());
+    }
+    group.push_back(rank);
+  }
+  return out;
+}
+
+// A sub-group's Params: no layout (members come in ring order), the outer
+// chunking.
+Params sub_params(const Params& p, Collective collective, Algorithm algorithm,
+                  const std::vector<int>& members, int index, uint64_t count, bool in_place,
+                  int root = 0) {
+  Params sub;
+  sub.collective = collective;
+  sub.algorithm = algorithm;
+  sub.nranks = static_cast<int>(members.size());
+  sub.rank = index;
+  sub.root = root;
+  sub.count = count;
+  sub.chunk = p.chunk;
+  sub.in_place = in_place;
+  return sub;
+}
+
+// A phase among `members` (this rank at `index`) over `buffers`, after `after`.
+std::vector<uint32_t> phase(Emitter& e, const Params& sub, const std::vector<int>& members,
+                            const SubBuffers& buffers, const std::vector<uint32_t>& after,
+                            Builder builder = nullptr) {
+  return compose_built(e, sub, members, buffers, after, builder);
+}
+
+// The rank that speaks for node k: the root in the root's node, else the
+// node's first rank.
+int leader_of(const Nodes& nodes, int k, int root_node, int root) {
+  return k == root_node ? root : nodes.ranks[k][0];
+}
+
+}  // namespace
+
+bool hier_applicable(const Params& p, std::string* why) {
+  const bool sliced =
+      p.algorithm == Algorithm::Hierarchical &&
+      (p.collective == Collective::AllReduce || p.collective == Collective::ReduceScatter ||
+       p.collective == Collective::AllGather);
+  if (!sliced || p.layout == nullptr) return true;
+  const Nodes nodes = nodes_of(p);
+  for (const std::vector<int>& group : nodes.ranks) {
+    if (group.size() != nodes.ranks[0].size()) {
+      if (why) {
+        *why = std::string("hier ") + collective_name(p.collective) +
+               " needs the same number of ranks on every node (the layout has nodes of " +
+               std::to_string(nodes.ranks[0].size()) + " and " + std::to_string(group.size()) +
+               " ranks)";
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
+// Reduce-scatter inside the node into slices (slice j at local index j),
+// allreduce each slice across nodes among the ranks holding it, allgather
+// the slices inside the node. Only the middle phase crosses nodes, and it
+// moves 1/L of the vector per rank. Each slice is summed in one place and
+// copied from there, so all ranks get the same bits.
+void hier_allreduce(const Params& p, Emitter& e) {
+  const Nodes nodes = nodes_of(p);
+  if (nodes.count() == 1) return ring_allreduce(p, e);
+  const std::vector<int>& local = nodes.mine();
+  const int ln = static_cast<int>(local.size());
+  const Range input = at(Buf::Input, 0, p.count);
+  const Range output = at(Buf::Output, 0, p.count);
+  const Params intra =
+      sub_params(p, Collective::AllReduce, Algorithm::Ring, local, nodes.local, p.count, false);
+  Params reduce = intra;
+  reduce.in_place = p.in_place;
+  std::vector<uint32_t> done =
+      phase(e, reduce, local, {input, output}, {}, ring_allreduce_reduce_phase);
+  const Span slice = block_span(p.count, ln, nodes.local);
+  const std::vector<int> peers = nodes.same_index(nodes.local);
+  const Params across =
+      sub_params(p, Collective::AllReduce, Algorithm::Ring, peers, nodes.node, slice.count, true);
+  done = phase(e, across, peers, {at(Buf::Output, slice), at(Buf::Output, slice)}, done);
+  Params gather = intra;
+  gather.in_place = true;
+  phase(e, gather, local, {output, output}, done, ring_allreduce_gather_phase);
+}
+
+// Staged in scratch as [local index j][node k] blocks of the rank nodes[k][j]:
+// a reduce-scatter inside the node leaves local index j the node's partial
+// sums of the blocks of all ranks with index j, which a reduce-scatter
+// among those ranks finishes across nodes.
+void hier_reduce_scatter(const Params& p, Emitter& e) {
+  const Nodes nodes = nodes_of(p);
+  if (nodes.count() == 1) return ring_reduce_scatter(p, e);
+  const std::vector<int>& local = nodes.mine();
+  const uint64_t c = p.count;
+  const uint64_t nn = static_cast<uint64_t>(nodes.count());
+  const uint64_t row = nn * c;  // one local index's blocks
+  const Range stage = e.scratch(local.size() * row);
+  std::vector<uint32_t> done;
+  for (size_t j = 0; j < local.size(); ++j) {
+    for (uint64_t k = 0; k < nn; ++k) {
+      const uint64_t rank = static_cast<uint64_t>(nodes.ranks[k][j]);
+      done.push_back(e.copy(sub(stage, Span{j * row + k * c, c}), at(Buf::Input, rank * c, c)));
+    }
+  }
+  const Range mine = sub(stage, Span{nodes.local * row, row});
+  const Params intra =
+      sub_params(p, Collective::ReduceScatter, Algorithm::Ring, local, nodes.local, row, true);
+  done = phase(e, intra, local, {stage, mine}, done);
+  const std::vector<int> peers = nodes.same_index(nodes.local);
+  const Params across =
+      sub_params(p, Collective::ReduceScatter, Algorithm::Ring, peers, nodes.node, c, false);
+  phase(e, across, peers, {mine, at(Buf::Output, 0, c)}, done);
+}
+
+// The mirror of the reduce-scatter: an allgather across nodes among the
+// ranks with the same local index, then one inside the node, staged in
+// scratch as [local index][node] and copied to the ranks' blocks.
+void hier_allgather(const Params& p, Emitter& e) {
+  const Nodes nodes = nodes_of(p);
+  if (nodes.count() == 1) return ring_allgather(p, e);
+  const std::vector<int>& local = nodes.mine();
+  const uint64_t c = p.count;
+  const uint64_t nn = static_cast<uint64_t>(nodes.count());
+  const uint64_t row = nn * c;
+  const Range stage = e.scratch(local.size() * row);
+  const Range mine = sub(stage, Span{nodes.local * row, row});
+  const std::vector<int> peers = nodes.same_index(nodes.local);
+  const Params across =
+      sub_params(p, Collective::AllGather, Algorithm::Ring, peers, nodes.node, c, false);
+  std::vector<uint32_t> done = phase(e, across, peers, {at(Buf::Input, 0, c), mine}, {});
+  const Params intra =
+      sub_params(p, Collective::AllGather, Algorithm::Ring, local, nodes.local, row, true);
+  done = phase(e, intra, local, {mine, stage}, done);
+  for (size_t j = 0; j < local.size(); ++j) {
+    for (uint64_t k = 0; k < nn; ++k) {
+      const uint64_t rank = static_cast<uint64_t>(nodes.ranks[k][j]);
+      // In place, this rank's own block already sits in the output.
+      if (p.in_place && rank == static_cast<uint64_t>(p.rank)) continue;
+      e.copy(at(Buf::Output, rank * c, c), sub(stage, Span{j * row + k * c, c}), done);
+    }
+  }
+}
+
+namespace {
+
+// Broadcast among the node leaders (the root leads its node), then inside
+// every node from its leader, both with `tree`.
+void two_level_broadcast(const Params& p, Emitter& e, Algorithm tree) {
+  const Nodes nodes = nodes_of(p);
+  const auto [root_node, root_local] = nodes.find(p.root);
+  const int lead = leader_of(nodes, nodes.node, root_node, p.root);
+  const Range output = at(Buf::Output, 0, p.count);
+  std::vector<uint32_t> done;
+  if (p.rank == lead) {
+    std::vector<int> leaders;
+    for (int k = 0; k < nodes.count(); ++k)
+      leaders.push_back(leader_of(nodes, k, root_node, p.root));
+    const Params across = sub_params(p, Collective::Broadcast, tree, leaders, nodes.node, p.count,
+                                     p.in_place, root_node);
+    done = phase(e, across, leaders, {at(Buf::Input, 0, input_count(p)), output}, {});
+  }
+  const std::vector<int>& local = nodes.mine();
+  const Params intra = sub_params(p, Collective::Broadcast, tree, local, nodes.local, p.count, true,
+                                  position_of(local, lead));
+  phase(e, intra, local, {output, output}, done);
+}
+
+// Reduce inside every node to its leader, then among the leaders to the
+// root, both with `tree`. Leaders other than the root hold their node's
+// partial sum in scratch.
+void two_level_reduce(const Params& p, Emitter& e, Algorithm tree) {
+  const Nodes nodes = nodes_of(p);
+  const auto [root_node, root_local] = nodes.find(p.root);
+  const int lead = leader_of(nodes, nodes.node, root_node, p.root);
+  const bool root = p.rank == p.root;
+  const Range partial = root             ? at(Buf::Output, 0, p.count)
+                        : p.rank == lead ? e.scratch(p.count)
+                                         : Range{0, 0, Buf::Output};
+  const std::vector<int>& local = nodes.mine();
+  const Params intra = sub_params(p, Collective::Reduce, tree, local, nodes.local, p.count,
+                                  root && p.in_place, position_of(local, lead));
+  const std::vector<uint32_t> done =
+      phase(e, intra, local, {at(Buf::Input, 0, p.count), partial}, {});
+  if (p.rank != lead) return;
+  std::vector<int> leaders;
+  for (int k = 0; k < nodes.count(); ++k) leaders.push_back(leader_of(nodes, k, root_node, p.root));
+  const Params across =
+      sub_params(p, Collective::Reduce, tree, leaders, nodes.node, p.count, true, root_node);
+  phase(e, across, leaders, {partial, partial}, done);
+}
+
+}  // namespace
+
+void hier_broadcast(const Params& p, Emitter& e) {
+  two_level_broadcast(p, e, Algorithm::Chain);
+}
+
+void hier_reduce(const Params& p, Emitter& e) {
+  two_level_reduce(p, e, Algorithm::Chain);
+}
+
+void leader_broadcast(const Params& p, Emitter& e) {
+  two_level_broadcast(p, e, Algorithm::Binomial);
+}
+
+void leader_reduce(const Params& p, Emitter& e) {
+  two_level_reduce(p, e, Algorithm::Binomial);
+}
+
+// Reduce to each node's first rank, allreduce among those leaders by
+// recursive doubling, broadcast inside each node: one cross-node exchange
+// per round, and the sum is made once among the leaders (who all get the
+// same bits) and copied from there.
+void leader_allreduce(const Params& p, Emitter& e) {
+  const Nodes nodes = nodes_of(p);
+  const std::vector<int>& local = nodes.mine();
+  const Range output = at(Buf::Output, 0, p.count);
+  const Params reduce = sub_params(p, Collective::Reduce, Algorithm::Binomial, local, nodes.local,
+                                   p.count, p.in_place, 0);
+  std::vector<uint32_t> done = phase(e, reduce, local, {at(Buf::Input, 0, p.count), output}, {});
+  if (nodes.local == 0) {
+    const std::vector<int> leaders = nodes.same_index(0);
+    const Params across =
+        sub_params(p, Collective::AllReduce, Algorithm::Rd, leaders, nodes.node, p.count, true);
+    done = phase(e, across, leaders, {output, output}, done);
+  }
+  const Params spread = sub_params(p, Collective::Broadcast, Algorithm::Binomial, local,
+                                   nodes.local, p.count, true, 0);
+  phase(e, spread, local, {output, output}, done);
+}
+
+}  // namespace weft::algo::detail
