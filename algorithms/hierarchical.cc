@@ -90,13 +90,29 @@ int leader_of(const Nodes& nodes, int k, int root_node, int root) {
   return k == root_node ? root : nodes.ranks[k][0];
 }
 
+// For every node k and local index j, copies block from(k, j) of `src` to
+// block to(k, j) of `dst` (blocks of c elements), each after `after`.
+template <typename From, typename To>
+std::vector<uint32_t> copy_blocks(Emitter& e, const Nodes& nodes, uint64_t c, const Range& src,
+                                  From from, const Range& dst, To to,
+                                  const std::vector<uint32_t>& after) {
+  std::vector<uint32_t> copies;
+  for (int k = 0; k < nodes.count(); ++k) {
+    for (int j = 0; j < static_cast<int>(nodes.ranks[k].size()); ++j) {
+      copies.push_back(
+          e.copy(sub(dst, Span{to(k, j) * c, c}), sub(src, Span{from(k, j) * c, c}), after));
+    }
+  }
+  return copies;
+}
+
 }  // namespace
 
 bool hier_applicable(const Params& p, std::string* why) {
   const bool sliced =
       p.algorithm == Algorithm::Hierarchical &&
       (p.collective == Collective::AllReduce || p.collective == Collective::ReduceScatter ||
-       p.collective == Collective::AllGather);
+       p.collective == Collective::AllGather || p.collective == Collective::AllToAll);
   if (!sliced || p.layout == nullptr) return true;
   const Nodes nodes = nodes_of(p);
   for (const std::vector<int>& group : nodes.ranks) {
@@ -153,13 +169,10 @@ void hier_reduce_scatter(const Params& p, Emitter& e) {
   const uint64_t nn = static_cast<uint64_t>(nodes.count());
   const uint64_t row = nn * c;  // one local index's blocks
   const Range stage = e.scratch(local.size() * row);
-  std::vector<uint32_t> done;
-  for (size_t j = 0; j < local.size(); ++j) {
-    for (uint64_t k = 0; k < nn; ++k) {
-      const uint64_t rank = static_cast<uint64_t>(nodes.ranks[k][j]);
-      done.push_back(e.copy(sub(stage, Span{j * row + k * c, c}), at(Buf::Input, rank * c, c)));
-    }
-  }
+  const auto rank_block = [&](int k, int j) { return static_cast<uint64_t>(nodes.ranks[k][j]); };
+  const auto staged = [&](int k, int j) { return j * nn + k; };
+  std::vector<uint32_t> done =
+      copy_blocks(e, nodes, c, at(Buf::Input, 0, p.nranks * c), rank_block, stage, staged, {});
   const Range mine = sub(stage, Span{nodes.local * row, row});
   const Params intra =
       sub_params(p, Collective::ReduceScatter, Algorithm::Ring, local, nodes.local, row, true);
@@ -189,14 +202,44 @@ void hier_allgather(const Params& p, Emitter& e) {
   const Params intra =
       sub_params(p, Collective::AllGather, Algorithm::Ring, local, nodes.local, row, true);
   done = phase(e, intra, local, {mine, stage}, done);
-  for (size_t j = 0; j < local.size(); ++j) {
-    for (uint64_t k = 0; k < nn; ++k) {
-      const uint64_t rank = static_cast<uint64_t>(nodes.ranks[k][j]);
-      // In place, this rank's own block already sits in the output.
-      if (p.in_place && rank == static_cast<uint64_t>(p.rank)) continue;
-      e.copy(at(Buf::Output, rank * c, c), sub(stage, Span{j * row + k * c, c}), done);
-    }
-  }
+  const auto staged = [&](int k, int j) { return j * nn + k; };
+  const auto rank_block = [&](int k, int j) { return static_cast<uint64_t>(nodes.ranks[k][j]); };
+  copy_blocks(e, nodes, c, stage, staged, at(Buf::Output, 0, p.nranks * c), rank_block, done);
+}
+
+// Two hops: every rank sends each other node, in one message, what it has
+// for that node's ranks (an all-to-all among the ranks with its local
+// index), and those ranks hand the pieces on inside their node (an
+// all-to-all there). Cross-node messages per rank drop from n - L to N - 1,
+// each L times larger. Pieces are regrouped in scratch between the hops.
+void hier_alltoall(const Params& p, Emitter& e) {
+  const Nodes nodes = nodes_of(p);
+  if (nodes.count() == 1) return pairwise_alltoall(p, e);
+  const std::vector<int>& local = nodes.mine();
+  const uint64_t c = p.count;
+  const uint64_t nn = static_cast<uint64_t>(nodes.count());
+  const uint64_t ln = local.size();
+  const uint64_t total = nn * ln * c;
+  // out: [node k][local j] what goes to rank (k, j); back: [node k][local j]
+  // from the rank with this rank's local index on node k, for local rank j.
+  const Range out = e.scratch(total);
+  const Range back = e.scratch(total);
+  const auto rank_block = [&](int k, int j) { return static_cast<uint64_t>(nodes.ranks[k][j]); };
+  const auto node_major = [&](int k, int j) { return k * ln + j; };
+  const auto local_major = [&](int k, int j) { return j * nn + k; };
+  std::vector<uint32_t> done =
+      copy_blocks(e, nodes, c, at(Buf::Input, 0, total), rank_block, out, node_major, {});
+  const std::vector<int> peers = nodes.same_index(nodes.local);
+  const Params across =
+      sub_params(p, Collective::AllToAll, Algorithm::Pairwise, peers, nodes.node, ln * c, false);
+  done = phase(e, across, peers, {out, back}, done);
+  // Regrouped by the local rank they go to: [local j][node k].
+  done = copy_blocks(e, nodes, c, back, node_major, out, local_major, done);
+  const Params inside =
+      sub_params(p, Collective::AllToAll, Algorithm::Pairwise, local, nodes.local, nn * c, false);
+  done = phase(e, inside, local, {out, back}, done);
+  // back: [local i][node k] from rank (k, i).
+  copy_blocks(e, nodes, c, back, local_major, at(Buf::Output, 0, total), rank_block, done);
 }
 
 namespace {

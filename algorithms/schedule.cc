@@ -53,6 +53,7 @@ constexpr Entry kEntries[] = {
     {Algorithm::Hierarchical, Collective::AllGather, detail::hier_allgather},
     {Algorithm::Hierarchical, Collective::Broadcast, detail::hier_broadcast},
     {Algorithm::Hierarchical, Collective::Reduce, detail::hier_reduce},
+    {Algorithm::Hierarchical, Collective::AllToAll, detail::hier_alltoall},
     {Algorithm::NodeLeader, Collective::AllReduce, detail::leader_allreduce},
     {Algorithm::NodeLeader, Collective::Broadcast, detail::leader_broadcast},
     {Algorithm::NodeLeader, Collective::Reduce, detail::leader_reduce},

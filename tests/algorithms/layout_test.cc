@@ -236,15 +236,17 @@ Levels levels_of(const Layout& layout) {
   return out;
 }
 
-// Cross-node traffic of hierarchical AllReduce, AllGather and ReduceScatter
-// is exactly the inter-node phase: the same collective among the N ranks
-// with this rank's local index, on its slice (AllReduce) or its block.
+// Cross-node traffic of hierarchical AllReduce, AllGather, ReduceScatter and
+// AllToAll is exactly the inter-node phase: the same collective among the N
+// ranks with this rank's local index, on its slice (AllReduce), its block,
+// or (AllToAll, pairwise) its L blocks for each node.
 TEST(LayoutTraffic, HierarchicalCrossesOnlyInTheInterNodePhase) {
   for (const NamedLayout& l : all_layouts()) {
     if (!l.equal || l.nodes < 2) continue;
     const Levels levels = levels_of(l.layout);
     const int per = static_cast<int>(levels.nodes[0].size());
-    for (Collective c : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter}) {
+    for (Collective c : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter,
+                         Collective::AllToAll}) {
       for (uint64_t count : {uint64_t{7}, uint64_t{1000}}) {
         for (uint64_t chunk : {uint64_t{0}, uint64_t{64}}) {
           Params p = params_for({Algorithm::Hierarchical, c}, l.layout, count);
@@ -259,6 +261,10 @@ TEST(LayoutTraffic, HierarchicalCrossesOnlyInTheInterNodePhase) {
             inter.rank = levels.node_of_rank(r);
             inter.in_place = c == Collective::AllReduce;
             if (c == Collective::AllReduce) inter.count = block_span(count, per, local).count;
+            if (c == Collective::AllToAll) {
+              inter.algorithm = Algorithm::Pairwise;
+              inter.count = per * count;
+            }
             const Crossing got = crossing(p, l.layout);
             const Crossing want = traffic(inter);
             EXPECT_EQ(got.messages, want.messages) << l.name << " " << collective_name(c) << r;

@@ -56,8 +56,9 @@ TEST(Schedule, SupportTable) {
       {A::OneShot, C::AllToAllv},      {A::TwoShot, C::AllReduce},
       {A::Hierarchical, C::AllReduce}, {A::Hierarchical, C::ReduceScatter},
       {A::Hierarchical, C::AllGather}, {A::Hierarchical, C::Broadcast},
-      {A::Hierarchical, C::Reduce},    {A::NodeLeader, C::AllReduce},
-      {A::NodeLeader, C::Broadcast},   {A::NodeLeader, C::Reduce},
+      {A::Hierarchical, C::Reduce},    {A::Hierarchical, C::AllToAll},
+      {A::NodeLeader, C::AllReduce},   {A::NodeLeader, C::Broadcast},
+      {A::NodeLeader, C::Reduce},
   };
   for (int a = 0; a < kNumAlgorithms; ++a) {
     for (int c = 0; c < kNumCollectives; ++c) {
