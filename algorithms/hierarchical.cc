@@ -5,6 +5,7 @@
 // for small messages where the fewest cross-node messages win. Every phase
 // is an existing schedule built for a sub-group and composed into this
 // rank's program, one phase after the other.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -111,8 +112,8 @@ std::vector<uint32_t> copy_blocks(Emitter& e, const Nodes& nodes, uint64_t c, co
 bool hier_applicable(const Params& p, std::string* why) {
   const bool sliced =
       p.algorithm == Algorithm::Hierarchical &&
-      (p.collective == Collective::AllReduce || p.collective == Collective::ReduceScatter ||
-       p.collective == Collective::AllGather || p.collective == Collective::AllToAll);
+      (p.collective == Collective::ReduceScatter || p.collective == Collective::AllGather ||
+       p.collective == Collective::AllToAll);
   if (!sliced || p.layout == nullptr) return true;
   const Nodes nodes = nodes_of(p);
   for (const std::vector<int>& group : nodes.ranks) {
@@ -132,29 +133,49 @@ bool hier_applicable(const Params& p, std::string* why) {
 // Reduce-scatter inside the node into slices (slice j at local index j),
 // allreduce each slice across nodes among the ranks holding it, allgather
 // the slices inside the node. Only the middle phase crosses nodes, and it
-// moves 1/L of the vector per rank. Each slice is summed in one place and
-// copied from there, so all ranks get the same bits.
+// moves 1/S of the vector per rank. Each slice is summed in one place and
+// copied from there, so all ranks get the same bits. Nodes of unequal size
+// use S = the smallest node's rank count: local rank i >= S first folds its
+// vector into local rank i mod S (a reduce in their group) and gets the
+// result back at the end (a broadcast).
 void hier_allreduce(const Params& p, Emitter& e) {
   const Nodes nodes = nodes_of(p);
   if (nodes.count() == 1) return ring_allreduce(p, e);
   const std::vector<int>& local = nodes.mine();
-  const int ln = static_cast<int>(local.size());
-  const Range input = at(Buf::Input, 0, p.count);
+  size_t slices = local.size();
+  for (const std::vector<int>& group : nodes.ranks) slices = std::min(slices, group.size());
+  const int s = static_cast<int>(slices);
   const Range output = at(Buf::Output, 0, p.count);
-  const Params intra =
-      sub_params(p, Collective::AllReduce, Algorithm::Ring, local, nodes.local, p.count, false);
-  Params reduce = intra;
-  reduce.in_place = p.in_place;
-  std::vector<uint32_t> done =
-      phase(e, reduce, local, {input, output}, {}, ring_allreduce_reduce_phase);
-  const Span slice = block_span(p.count, ln, nodes.local);
-  const std::vector<int> peers = nodes.same_index(nodes.local);
-  const Params across =
-      sub_params(p, Collective::AllReduce, Algorithm::Ring, peers, nodes.node, slice.count, true);
-  done = phase(e, across, peers, {at(Buf::Output, slice), at(Buf::Output, slice)}, done);
-  Params gather = intra;
-  gather.in_place = true;
-  phase(e, gather, local, {output, output}, done, ring_allreduce_gather_phase);
+  // The fold group: local ranks j, j + S, j + 2S, ... with j = local mod S.
+  std::vector<int> fold;
+  for (size_t i = nodes.local % slices; i < local.size(); i += slices) fold.push_back(local[i]);
+  const int in_fold = nodes.local / s;
+  const bool folds = fold.size() > 1;
+  std::vector<uint32_t> done;
+  if (folds) {
+    const Params gather_in =
+        sub_params(p, Collective::Reduce, Algorithm::Binomial, fold, in_fold, p.count, p.in_place);
+    done = phase(e, gather_in, fold, {at(Buf::Input, 0, p.count), output}, {});
+  }
+  if (in_fold == 0) {
+    // After a fold the partial sum already sits in the output.
+    const Range input = folds ? output : at(Buf::Input, 0, p.count);
+    const std::vector<int> active(local.begin(), local.begin() + s);
+    Params intra = sub_params(p, Collective::AllReduce, Algorithm::Ring, active, nodes.local,
+                              p.count, folds || p.in_place);
+    done = phase(e, intra, active, {input, output}, done, ring_allreduce_reduce_phase);
+    const Span slice = block_span(p.count, slices, nodes.local);
+    const std::vector<int> peers = nodes.same_index(nodes.local);
+    const Params across =
+        sub_params(p, Collective::AllReduce, Algorithm::Ring, peers, nodes.node, slice.count, true);
+    done = phase(e, across, peers, {at(Buf::Output, slice), at(Buf::Output, slice)}, done);
+    intra.in_place = true;
+    done = phase(e, intra, active, {output, output}, done, ring_allreduce_gather_phase);
+  }
+  if (!folds) return;
+  const Params give_back =
+      sub_params(p, Collective::Broadcast, Algorithm::Binomial, fold, in_fold, p.count, true);
+  phase(e, give_back, fold, {output, output}, done);
 }
 
 // Staged in scratch as [local index j][node k] blocks of the rank nodes[k][j]:

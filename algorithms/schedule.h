@@ -138,7 +138,7 @@ bool supports(Algorithm algorithm, Collective collective);
 
 // Whether build() makes a program for `params`: the arguments are valid, the
 // pair is supported, and the layout suits the algorithm (hierarchical
-// AllReduce, ReduceScatter and AllGather pair ranks across nodes by their
+// ReduceScatter, AllGather and AllToAll pair ranks across nodes by their
 // index in the node, so they need the same number of ranks on every node).
 // Otherwise false, with the reason in *why (when given). Tuners use it to
 // skip candidates.

@@ -171,6 +171,24 @@ TEST_P(LayoutPair, ExactOnEveryLayout) {
   }
 }
 
+// The phases rely on their dependencies: with all of them removed, the
+// simulator must object on a multi-node layout.
+TEST_P(LayoutPair, StrippedDependenciesAreCaught) {
+  Layout layout;
+  layout.node_of = {0, 1, 0, 1, 0, 1};
+  layout.ring = {0, 2, 4, 1, 3, 5};
+  Params p = params_for(GetParam(), layout, 13);
+  p.root = 3;
+  p.chunk = 4;
+  ASSERT_TRUE(simulate(p).ok());
+  auto stripped = [](const Params& q, Program* prog, std::string* e) {
+    if (!build(q, prog, e)) return false;
+    for (Step& s : prog->steps) s.num_deps = 0;
+    return true;
+  };
+  EXPECT_FALSE(simulate(p, {}, stripped).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutPair, ::testing::ValuesIn(layout_pairs()), pair_name);
 
 // Messages and elements one rank sends to ranks on other nodes.
@@ -239,14 +257,19 @@ Levels levels_of(const Layout& layout) {
 // Cross-node traffic of hierarchical AllReduce, AllGather, ReduceScatter and
 // AllToAll is exactly the inter-node phase: the same collective among the N
 // ranks with this rank's local index, on its slice (AllReduce), its block,
-// or (AllToAll, pairwise) its L blocks for each node.
+// or (AllToAll, pairwise) its L blocks for each node. On unequal nodes
+// (AllReduce only) there are S = the smallest node's size slices, and ranks
+// with a local index of S or more do not cross at all.
 TEST(LayoutTraffic, HierarchicalCrossesOnlyInTheInterNodePhase) {
   for (const NamedLayout& l : all_layouts()) {
-    if (!l.equal || l.nodes < 2) continue;
+    if (l.nodes < 2) continue;
     const Levels levels = levels_of(l.layout);
-    const int per = static_cast<int>(levels.nodes[0].size());
+    size_t slices = levels.nodes[0].size();
+    for (const std::vector<int>& group : levels.nodes) slices = std::min(slices, group.size());
+    const int per = static_cast<int>(slices);
     for (Collective c : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter,
                          Collective::AllToAll}) {
+      if (!l.equal && c != Collective::AllReduce) continue;
       for (uint64_t count : {uint64_t{7}, uint64_t{1000}}) {
         for (uint64_t chunk : {uint64_t{0}, uint64_t{64}}) {
           Params p = params_for({Algorithm::Hierarchical, c}, l.layout, count);
@@ -260,7 +283,9 @@ TEST(LayoutTraffic, HierarchicalCrossesOnlyInTheInterNodePhase) {
             inter.nranks = l.nodes;
             inter.rank = levels.node_of_rank(r);
             inter.in_place = c == Collective::AllReduce;
-            if (c == Collective::AllReduce) inter.count = block_span(count, per, local).count;
+            if (c == Collective::AllReduce) {
+              inter.count = local < per ? block_span(count, per, local).count : 0;
+            }
             if (c == Collective::AllToAll) {
               inter.algorithm = Algorithm::Pairwise;
               inter.count = per * count;
