@@ -25,9 +25,16 @@ Range moved(const Range& range, const SubBuffers& buffers, uint64_t scratch_base
 
 }  // namespace
 
+std::vector<uint32_t> funnel(Emitter& e, const std::vector<uint32_t>& after) {
+  constexpr size_t kFanIn = 4;
+  if (after.size() <= kFanIn) return after;
+  return {e.join(after)};
+}
+
 std::vector<uint32_t> compose(Emitter& e, const Program& sub, const std::vector<int>& members,
-                              const SubBuffers& buffers, const std::vector<uint32_t>& after) {
-  if (sub.steps.empty()) return after;
+                              const SubBuffers& buffers, const std::vector<uint32_t>& after_all) {
+  if (sub.steps.empty()) return after_all;
+  const std::vector<uint32_t> after = funnel(e, after_all);
   const uint64_t scratch_base = sub.scratch_count > 0 ? e.scratch(sub.scratch_count).offset : 0;
   std::vector<uint32_t> index(sub.steps.size());
   std::vector<bool> waited_for(sub.steps.size(), false);

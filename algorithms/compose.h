@@ -29,6 +29,11 @@ struct SubBuffers {
 std::vector<uint32_t> compose(Emitter& e, const Program& sub, const std::vector<int>& members,
                               const SubBuffers& buffers, const std::vector<uint32_t>& after);
 
+// `after` itself when short, else one join step waiting for all of it, so
+// that the many steps starting a phase do not each list every step that
+// ended the last one.
+std::vector<uint32_t> funnel(Emitter& e, const std::vector<uint32_t>& after);
+
 using Builder = void (*)(const Params&, Emitter&);
 
 // Builds the sub-group's program for `sub` (layout-free: members are already

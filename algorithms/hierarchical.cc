@@ -31,13 +31,12 @@ struct Nodes {
     for (const std::vector<int>& group : ranks) out.push_back(group[j]);
     return out;
   }
-  // Where `rank` sits: {node, local index}.
-  std::pair<int, int> find(int rank) const {
+  // The node holding `rank`.
+  int node_of(int rank) const {
     for (int k = 0; k < count(); ++k) {
-      const int j = position_of(ranks[k], rank);
-      if (j < static_cast<int>(ranks[k].size())) return {k, j};
+      if (position_of(ranks[k], rank) < static_cast<int>(ranks[k].size())) return k;
     }
-    return {-1, -1};
+    return -1;
   }
 };
 
@@ -78,13 +77,6 @@ Params sub_params(const Params& p, Collective collective, Algorithm algorithm,
   return sub;
 }
 
-// A phase among `members` (this rank at `index`) over `buffers`, after `after`.
-std::vector<uint32_t> phase(Emitter& e, const Params& sub, const std::vector<int>& members,
-                            const SubBuffers& buffers, const std::vector<uint32_t>& after,
-                            Builder builder = nullptr) {
-  return compose_built(e, sub, members, buffers, after, builder);
-}
-
 // The rank that speaks for node k: the root in the root's node, else the
 // node's first rank.
 int leader_of(const Nodes& nodes, int k, int root_node, int root) {
@@ -96,7 +88,8 @@ int leader_of(const Nodes& nodes, int k, int root_node, int root) {
 template <typename From, typename To>
 std::vector<uint32_t> copy_blocks(Emitter& e, const Nodes& nodes, uint64_t c, const Range& src,
                                   From from, const Range& dst, To to,
-                                  const std::vector<uint32_t>& after) {
+                                  const std::vector<uint32_t>& after_all) {
+  const std::vector<uint32_t> after = funnel(e, after_all);
   std::vector<uint32_t> copies;
   for (int k = 0; k < nodes.count(); ++k) {
     for (int j = 0; j < static_cast<int>(nodes.ranks[k].size()); ++j) {
@@ -155,7 +148,7 @@ void hier_allreduce(const Params& p, Emitter& e) {
   if (folds) {
     const Params gather_in =
         sub_params(p, Collective::Reduce, Algorithm::Binomial, fold, in_fold, p.count, p.in_place);
-    done = phase(e, gather_in, fold, {at(Buf::Input, 0, p.count), output}, {});
+    done = compose_built(e, gather_in, fold, {at(Buf::Input, 0, p.count), output}, {});
   }
   if (in_fold == 0) {
     // After a fold the partial sum already sits in the output.
@@ -163,19 +156,19 @@ void hier_allreduce(const Params& p, Emitter& e) {
     const std::vector<int> active(local.begin(), local.begin() + s);
     Params intra = sub_params(p, Collective::AllReduce, Algorithm::Ring, active, nodes.local,
                               p.count, folds || p.in_place);
-    done = phase(e, intra, active, {input, output}, done, ring_allreduce_reduce_phase);
+    done = compose_built(e, intra, active, {input, output}, done, ring_allreduce_reduce_phase);
     const Span slice = block_span(p.count, slices, nodes.local);
     const std::vector<int> peers = nodes.same_index(nodes.local);
     const Params across =
         sub_params(p, Collective::AllReduce, Algorithm::Ring, peers, nodes.node, slice.count, true);
-    done = phase(e, across, peers, {at(Buf::Output, slice), at(Buf::Output, slice)}, done);
+    done = compose_built(e, across, peers, {at(Buf::Output, slice), at(Buf::Output, slice)}, done);
     intra.in_place = true;
-    done = phase(e, intra, active, {output, output}, done, ring_allreduce_gather_phase);
+    done = compose_built(e, intra, active, {output, output}, done, ring_allreduce_gather_phase);
   }
   if (!folds) return;
   const Params give_back =
       sub_params(p, Collective::Broadcast, Algorithm::Binomial, fold, in_fold, p.count, true);
-  phase(e, give_back, fold, {output, output}, done);
+  compose_built(e, give_back, fold, {output, output}, done);
 }
 
 // Staged in scratch as [local index j][node k] blocks of the rank nodes[k][j]:
@@ -197,11 +190,11 @@ void hier_reduce_scatter(const Params& p, Emitter& e) {
   const Range mine = sub(stage, Span{nodes.local * row, row});
   const Params intra =
       sub_params(p, Collective::ReduceScatter, Algorithm::Ring, local, nodes.local, row, true);
-  done = phase(e, intra, local, {stage, mine}, done);
+  done = compose_built(e, intra, local, {stage, mine}, done);
   const std::vector<int> peers = nodes.same_index(nodes.local);
   const Params across =
       sub_params(p, Collective::ReduceScatter, Algorithm::Ring, peers, nodes.node, c, false);
-  phase(e, across, peers, {mine, at(Buf::Output, 0, c)}, done);
+  compose_built(e, across, peers, {mine, at(Buf::Output, 0, c)}, done);
 }
 
 // The mirror of the reduce-scatter: an allgather across nodes among the
@@ -219,10 +212,10 @@ void hier_allgather(const Params& p, Emitter& e) {
   const std::vector<int> peers = nodes.same_index(nodes.local);
   const Params across =
       sub_params(p, Collective::AllGather, Algorithm::Ring, peers, nodes.node, c, false);
-  std::vector<uint32_t> done = phase(e, across, peers, {at(Buf::Input, 0, c), mine}, {});
+  std::vector<uint32_t> done = compose_built(e, across, peers, {at(Buf::Input, 0, c), mine}, {});
   const Params intra =
       sub_params(p, Collective::AllGather, Algorithm::Ring, local, nodes.local, row, true);
-  done = phase(e, intra, local, {mine, stage}, done);
+  done = compose_built(e, intra, local, {mine, stage}, done);
   const auto staged = [&](int k, int j) { return j * nn + k; };
   const auto rank_block = [&](int k, int j) { return static_cast<uint64_t>(nodes.ranks[k][j]); };
   copy_blocks(e, nodes, c, stage, staged, at(Buf::Output, 0, p.nranks * c), rank_block, done);
@@ -253,12 +246,12 @@ void hier_alltoall(const Params& p, Emitter& e) {
   const std::vector<int> peers = nodes.same_index(nodes.local);
   const Params across =
       sub_params(p, Collective::AllToAll, Algorithm::Pairwise, peers, nodes.node, ln * c, false);
-  done = phase(e, across, peers, {out, back}, done);
+  done = compose_built(e, across, peers, {out, back}, done);
   // Regrouped by the local rank they go to: [local j][node k].
   done = copy_blocks(e, nodes, c, back, node_major, out, local_major, done);
   const Params inside =
       sub_params(p, Collective::AllToAll, Algorithm::Pairwise, local, nodes.local, nn * c, false);
-  done = phase(e, inside, local, {out, back}, done);
+  done = compose_built(e, inside, local, {out, back}, done);
   // back: [local i][node k] from rank (k, i).
   copy_blocks(e, nodes, c, back, local_major, at(Buf::Output, 0, total), rank_block, done);
 }
@@ -269,7 +262,7 @@ namespace {
 // every node from its leader, both with `tree`.
 void two_level_broadcast(const Params& p, Emitter& e, Algorithm tree) {
   const Nodes nodes = nodes_of(p);
-  const auto [root_node, root_local] = nodes.find(p.root);
+  const int root_node = nodes.node_of(p.root);
   const int lead = leader_of(nodes, nodes.node, root_node, p.root);
   const Range output = at(Buf::Output, 0, p.count);
   std::vector<uint32_t> done;
@@ -279,12 +272,12 @@ void two_level_broadcast(const Params& p, Emitter& e, Algorithm tree) {
       leaders.push_back(leader_of(nodes, k, root_node, p.root));
     const Params across = sub_params(p, Collective::Broadcast, tree, leaders, nodes.node, p.count,
                                      p.in_place, root_node);
-    done = phase(e, across, leaders, {at(Buf::Input, 0, input_count(p)), output}, {});
+    done = compose_built(e, across, leaders, {at(Buf::Input, 0, input_count(p)), output}, {});
   }
   const std::vector<int>& local = nodes.mine();
   const Params intra = sub_params(p, Collective::Broadcast, tree, local, nodes.local, p.count, true,
                                   position_of(local, lead));
-  phase(e, intra, local, {output, output}, done);
+  compose_built(e, intra, local, {output, output}, done);
 }
 
 // Reduce inside every node to its leader, then among the leaders to the
@@ -292,7 +285,7 @@ void two_level_broadcast(const Params& p, Emitter& e, Algorithm tree) {
 // partial sum in scratch.
 void two_level_reduce(const Params& p, Emitter& e, Algorithm tree) {
   const Nodes nodes = nodes_of(p);
-  const auto [root_node, root_local] = nodes.find(p.root);
+  const int root_node = nodes.node_of(p.root);
   const int lead = leader_of(nodes, nodes.node, root_node, p.root);
   const bool root = p.rank == p.root;
   const Range partial = root             ? at(Buf::Output, 0, p.count)
@@ -302,13 +295,13 @@ void two_level_reduce(const Params& p, Emitter& e, Algorithm tree) {
   const Params intra = sub_params(p, Collective::Reduce, tree, local, nodes.local, p.count,
                                   root && p.in_place, position_of(local, lead));
   const std::vector<uint32_t> done =
-      phase(e, intra, local, {at(Buf::Input, 0, p.count), partial}, {});
+      compose_built(e, intra, local, {at(Buf::Input, 0, p.count), partial}, {});
   if (p.rank != lead) return;
   std::vector<int> leaders;
   for (int k = 0; k < nodes.count(); ++k) leaders.push_back(leader_of(nodes, k, root_node, p.root));
   const Params across =
       sub_params(p, Collective::Reduce, tree, leaders, nodes.node, p.count, true, root_node);
-  phase(e, across, leaders, {partial, partial}, done);
+  compose_built(e, across, leaders, {partial, partial}, done);
 }
 
 }  // namespace
@@ -339,16 +332,17 @@ void leader_allreduce(const Params& p, Emitter& e) {
   const Range output = at(Buf::Output, 0, p.count);
   const Params reduce = sub_params(p, Collective::Reduce, Algorithm::Binomial, local, nodes.local,
                                    p.count, p.in_place, 0);
-  std::vector<uint32_t> done = phase(e, reduce, local, {at(Buf::Input, 0, p.count), output}, {});
+  std::vector<uint32_t> done =
+      compose_built(e, reduce, local, {at(Buf::Input, 0, p.count), output}, {});
   if (nodes.local == 0) {
     const std::vector<int> leaders = nodes.same_index(0);
     const Params across =
         sub_params(p, Collective::AllReduce, Algorithm::Rd, leaders, nodes.node, p.count, true);
-    done = phase(e, across, leaders, {output, output}, done);
+    done = compose_built(e, across, leaders, {output, output}, done);
   }
   const Params spread = sub_params(p, Collective::Broadcast, Algorithm::Binomial, local,
                                    nodes.local, p.count, true, 0);
-  phase(e, spread, local, {output, output}, done);
+  compose_built(e, spread, local, {output, output}, done);
 }
 
 }  // namespace weft::algo::detail

@@ -77,6 +77,11 @@ class Emitter {
   uint32_t copy(const Range& dst, const Range& a, const Deps& deps = {}) {
     return emit(StepKind::Copy, -1, a, {}, dst, deps);
   }
+  // A step that moves nothing (an empty copy) and completes once `deps`
+  // have: where many steps wait for many others, they wait for it instead.
+  uint32_t join(const Deps& deps) {
+    return copy(Range{0, 0, Buf::Scratch}, Range{0, 0, Buf::Scratch}, deps);
+  }
 
   // A message cut into pieces of at most `chunk` elements (0: one piece).
   // Sender and receiver cut a message of the same length identically, so

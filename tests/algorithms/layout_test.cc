@@ -381,6 +381,24 @@ TEST(LayoutTraffic, LeadersCarryTheCrossNodeTraffic) {
   }
 }
 
+// Phase boundaries go through join steps, so dependency lists stay
+// proportional to the steps even where many steps end one phase and many
+// start the next (64 nodes of 4 ranks).
+TEST(LayoutTraffic, PhaseBoundariesStayLinear) {
+  Layout layout;
+  for (int r = 0; r < 256; ++r) layout.node_of.push_back(r / 4);
+  for (Collective c : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather,
+                       Collective::AllToAll, Collective::Broadcast, Collective::Reduce}) {
+    Params p = params_for({Algorithm::Hierarchical, c}, layout, 1000);
+    p.chunk = 100;
+    p.rank = 129;
+    Program program;
+    std::string error;
+    ASSERT_TRUE(build(p, &program, &error)) << error;
+    EXPECT_LE(program.deps.size(), 3 * program.steps.size()) << collective_name(c);
+  }
+}
+
 // Without a layout, or with one node, the hierarchical schedules are the
 // plain intra-node ring ones.
 TEST(LayoutTraffic, OneNodeDegradesToTheRing) {
