@@ -136,6 +136,38 @@ TEST(Schedule, RejectsDirectAlgorithmsAndBadLayouts) {
   EXPECT_TRUE(build(p, &program, &error)) << error;
 }
 
+// Hierarchical schedules that pair ranks across nodes by their index in
+// the node need equal nodes; applicable() says so before build() fails.
+TEST(Schedule, ApplicableExplainsLayoutLimits) {
+  Layout layout;
+  layout.node_of = {0, 1, 0};  // two ranks on node 0, one on node 1
+  Params p;
+  p.nranks = 3;
+  p.count = 8;
+  p.layout = &layout;
+  p.algorithm = Algorithm::Hierarchical;
+  for (Collective c : {Collective::ReduceScatter, Collective::AllGather, Collective::AllToAll}) {
+    p.collective = c;
+    std::string why, error;
+    EXPECT_FALSE(applicable(p, &why)) << collective_name(c);
+    EXPECT_NE(why.find("same number of ranks"), std::string::npos) << why;
+    Program program;
+    EXPECT_FALSE(build(p, &program, &error));
+    EXPECT_EQ(error, why);
+  }
+  for (Collective c : {Collective::AllReduce, Collective::Broadcast, Collective::Reduce}) {
+    p.collective = c;
+    EXPECT_TRUE(applicable(p, nullptr)) << collective_name(c);
+  }
+  p.collective = Collective::AllGather;
+  layout.node_of = {0, 0, 0};
+  EXPECT_TRUE(applicable(p, nullptr));
+  p.layout = nullptr;
+  EXPECT_TRUE(applicable(p, nullptr));
+  p.algorithm = Algorithm::Tree;  // not a pair: refused like build()
+  EXPECT_FALSE(applicable(p, nullptr));
+}
+
 TEST(Schedule, EmptyVectorsGiveEmptyPrograms) {
   for (int c = 0; c < kNumCollectives; ++c) {
     for (int a = 0; a < kNumAlgorithms; ++a) {
