@@ -96,6 +96,11 @@ bool predict(const Params& params, uint64_t element_size, const CostNetwork& net
     base.send_displs = base.recv_displs = displs.data();
   }
 
+  // Pipelined schedules move every chunk through every rank at least once:
+  // refuse before building programs that certainly exceed the budget.
+  if (base.chunk > 0 && base.count / base.chunk > network.max_steps / n)
+    return fail(error, "more than " + std::to_string(network.max_steps) + " steps to time");
+
   // Every rank's program, flattened: steps, dependencies as global indexes.
   std::vector<TimedStep> steps;
   std::vector<uint32_t> dep_begin{0}, deps;
@@ -103,7 +108,11 @@ bool predict(const Params& params, uint64_t element_size, const CostNetwork& net
   for (int r = 0; r < n; ++r) {
     base.rank = r;
     if (!build(base, &program, error)) return false;
-    if (steps.size() + program.steps.size() > network.max_steps)
+    // Rank 0's program stands for the others' size (symmetric schedules; a
+    // root does the most work in rooted ones).
+    const uint64_t expected = r == 0 ? program.steps.size() * static_cast<uint64_t>(n)
+                                     : steps.size() + program.steps.size();
+    if (expected > network.max_steps)
       return fail(error, "more than " + std::to_string(network.max_steps) + " steps to time");
     const uint32_t offset = static_cast<uint32_t>(steps.size());
     for (const Step& step : program.steps) {
@@ -149,9 +158,14 @@ bool predict(const Params& params, uint64_t element_size, const CostNetwork& net
       for (uint32_t d = dep_begin[i]; d < dep_begin[i + 1]; ++d) next[fill[deps[d]]++] = i;
   }
 
-  // Ready steps in time order, so that the ports serve messages first come, first served.
-  std::vector<double> ready(total, 0.0);
-  std::vector<double> send_free(n, 0.0), recv_free(n, 0.0), compute_free(n, 0.0);
+  // Events in time order: a step becoming ready (index < total), or a port
+  // falling free (total + port). Ports are each rank's send port (0..n-1)
+  // and compute (n..2n-1); a step finding its port busy queues there, first
+  // come first served, and starts when the port frees.
+  std::vector<double> ready(total, 0.0), port_free(2 * static_cast<size_t>(n), 0.0);
+  std::vector<double> recv_free(n, 0.0);
+  std::vector<std::vector<uint32_t>> waiting(2 * static_cast<size_t>(n));
+  std::vector<size_t> waiting_head(2 * static_cast<size_t>(n), 0);
   using Event = std::pair<double, uint32_t>;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue;
   for (uint32_t i = 0; i < total; ++i)
@@ -160,35 +174,47 @@ bool predict(const Params& params, uint64_t element_size, const CostNetwork& net
     ready[i] = std::max(ready[i], at);
     if (--steps[i].pending == 0) queue.push({ready[i], i});
   };
+  auto port_of = [&](const TimedStep& step) -> int64_t {
+    if (step.kind == StepKind::Recv) return -1;
+    return step.kind == StepKind::Send ? step.rank : int64_t{n} + step.rank;
+  };
   uint32_t done_steps = 0;
   double finish = 0;
-  while (!queue.empty()) {
-    const auto [at, i] = queue.top();
-    queue.pop();
-    const TimedStep& step = steps[i];
-    // A step whose port (or compute) is busy waits in the queue until it is
-    // free, so that steps take the port in the order they can start.
-    double* busy = step.kind == StepKind::Send   ? &send_free[step.rank]
-                   : step.kind == StepKind::Recv ? nullptr
-                                                 : &compute_free[step.rank];
-    if (busy != nullptr && *busy > at) {
-      queue.push({*busy, i});
-      continue;
-    }
+  auto run = [&](uint32_t i, double at) {
     ++done_steps;
+    const TimedStep& step = steps[i];
     double done = at;
     if (step.kind == StepKind::Send) {
       const LinkTime& link = network.link(step.rank, step.peer);
       const double transfer = link.transfer_us(step.bytes);
-      *busy = done = at + transfer;
+      done = at + transfer;
       const double landed = std::max(at, recv_free[step.peer]) + transfer;
       recv_free[step.peer] = landed;
       release(step.match, landed + link.latency_us);
-    } else if (busy != nullptr) {
-      *busy = done = at + network.memory.time_us(step.bytes);
+    } else if (step.kind != StepKind::Recv) {
+      done = at + network.memory.time_us(step.bytes);
+    }
+    if (const int64_t port = port_of(step); port >= 0) {
+      port_free[port] = done;
+      queue.push({done, total + static_cast<uint32_t>(port)});
     }
     finish = std::max(finish, done);
     for (uint32_t d = next_begin[i]; d < next_begin[i + 1]; ++d) release(next[d], done);
+  };
+  while (!queue.empty()) {
+    const auto [at, id] = queue.top();
+    queue.pop();
+    if (id >= total) {
+      const uint32_t port = id - total;
+      if (waiting_head[port] < waiting[port].size() && port_free[port] <= at)
+        run(waiting[port][waiting_head[port]++], at);
+      continue;
+    }
+    const int64_t port = port_of(steps[id]);
+    if (port >= 0 && (port_free[port] > at || waiting_head[port] < waiting[port].size()))
+      waiting[port].push_back(id);
+    else
+      run(id, at);
   }
   if (done_steps != total) return fail(error, "the programs deadlock");
   out->time_us = finish;
