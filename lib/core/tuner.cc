@@ -9,6 +9,8 @@
 #include <string_view>
 
 #include "common/log.h"
+#include "topo/cluster_view.h"
+#include "topo/shapes.h"
 
 namespace weft {
 
@@ -76,11 +78,9 @@ std::string size_text(uint64_t bytes) {
 // message's latency, small enough that several are in flight.
 constexpr uint64_t kChunkCandidates[] = {128 << 10, 512 << 10, 2 << 20};
 
-// The sizes the model is evaluated at for a bucket: its geometric middle.
-uint64_t bucket_size(int bucket) {
-  if (bucket <= 1) return static_cast<uint64_t>(bucket);
-  return (uint64_t{3} << (bucket - 2));
-}
+// The size the model is evaluated at for a bucket: its lowest, a power of
+// two, so that tables over powers of two show the decisions exactly.
+uint64_t bucket_size(int bucket) { return bucket == 0 ? 0 : uint64_t{1} << (bucket - 1); }
 
 // Size thresholds, for calls no candidate schedule could be timed for
 // (schedules over the model's step budget).
@@ -219,6 +219,23 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
           static_cast<uint8_t>(place_link(topology.places[a], topology.places[b]));
   context.shared_memory = shared_memory;
   context.overrides = overrides;
+  return context;
+}
+
+TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory) {
+  TuneContext context;
+  const int n = static_cast<int>(cluster.ranks.size());
+  context.nranks = n;
+  const topo::ClusterView view(topo::places_of(cluster));
+  for (int rank = 0; rank < n; ++rank) context.layout.node_of.push_back(view.node_of(rank));
+  context.layout.ring = topo::ring_order(view);
+  context.links = cluster.links;
+  context.pair_class.resize(static_cast<size_t>(n) * n);
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      context.pair_class[static_cast<size_t>(a) * n + b] =
+          static_cast<uint8_t>(topo::link_between(cluster, a, b));
+  context.shared_memory = shared_memory;
   return context;
 }
 

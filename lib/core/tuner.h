@@ -66,6 +66,10 @@ struct TuneContext {
 TuneContext tune_context(const CommTopology& topology, bool shared_memory,
                          const AlgorithmOverrides& overrides);
 
+// The context of a cluster file's ranks (weft-sim, planning): link classes
+// exactly as the file gives them (NVLink domains, NIC rails).
+TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory);
+
 struct Plan {
   algo::Algorithm algorithm = algo::Algorithm::Ring;
   uint64_t chunk_elements = 0;  // 0: no chunking
@@ -86,7 +90,9 @@ class Tuner {
   // The plan for a call of `bytes` (the collective's count times the element size).
   Plan plan(algo::Collective collective, uint64_t bytes, size_t element_size);
 
-  // Every candidate for `bytes`, timed (untimeable ones left out), fastest first.
+  // Every candidate for `bytes`, timed (untimeable ones left out), fastest
+  // first. plan() decides a size bucket by its lowest size, so for powers of
+  // two the first candidate is plan()'s choice (without overrides).
   std::vector<Candidate> candidates(algo::Collective collective, uint64_t bytes) const;
 
   // The decision per size bucket from 1 B to `max_bytes`, one line each.

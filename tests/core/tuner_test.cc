@@ -41,12 +41,12 @@ Candidate expect_model_choice(Tuner& tuner, Collective collective, uint64_t byte
   if (all.empty()) return {};
   for (const Candidate& c : all) EXPECT_LE(all.front().time_us, c.time_us);
   const Plan plan = tuner.plan(collective, bytes, 1);
-  // The cached decision is taken at the bucket's middle; compare there.
-  const std::vector<Candidate> at_middle =
-      tuner.candidates(collective, uint64_t{3} << (size_bucket(bytes) - 2));
-  EXPECT_EQ(plan.algorithm, at_middle.front().algorithm) << bytes;
-  EXPECT_EQ(plan.chunk_elements, at_middle.front().chunk_bytes);
-  EXPECT_DOUBLE_EQ(plan.predicted_us, at_middle.front().time_us);
+  // The cached decision is taken at the bucket's lowest size; compare there.
+  const std::vector<Candidate> at_edge =
+      tuner.candidates(collective, uint64_t{1} << (size_bucket(bytes) - 1));
+  EXPECT_EQ(plan.algorithm, at_edge.front().algorithm) << bytes;
+  EXPECT_EQ(plan.chunk_elements, at_edge.front().chunk_bytes);
+  EXPECT_DOUBLE_EQ(plan.predicted_us, at_edge.front().time_us);
   return all.front();
 }
 
