@@ -124,9 +124,8 @@ std::string format_row(const Row& row) {
   if (row.algorithm.empty()) return text;
   text += format("#  ^ algorithm %s", row.algorithm.c_str());
   if (row.predicted_us > 0)
-    text +=
-        format(", predicted %s us, measured/predicted %.2f", format_time(row.predicted_us).c_str(),
-               row.out_of_place.time_us / row.predicted_us);
+    text += format(", predicted %.4g us, measured/predicted %.2f", row.predicted_us,
+                   row.out_of_place.time_us / row.predicted_us);
   return text + "\n";
 }
 

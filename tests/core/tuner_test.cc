@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "topo/cluster_file.h"
+
 namespace weft {
 namespace {
 
@@ -32,6 +34,34 @@ TEST(TuneContext, LinkClassesFollowPlaces) {
   const TuneContext cpus = cluster(1, 2, false, true);
   EXPECT_EQ(static_cast<LinkClass>(cpus.pair_class[1]), LinkClass::SameNuma);
   EXPECT_TRUE(cpus.shared_memory);
+}
+
+TEST(TuneContext, ClusterFileGivesRailsAndCosts) {
+  topo::Cluster file;
+  ASSERT_TRUE(topo::parse_cluster(R"({"weft_topology": 1,
+      "links": {"network": {"bandwidth_gb_s": 12, "latency_us": 4}},
+      "nodes": [{"name": "g", "count": 2, "ranks": 2, "nics": 2,
+                 "gpus": [{"bus_id": "0000:01:00.0", "nvlink": 0},
+                          {"bus_id": "0000:02:00.0", "nvlink": 0}]}]})",
+                                  "", &file)
+                  .ok());
+  const TuneContext context = tune_context(file, false);
+  ASSERT_EQ(context.nranks, 4);
+  EXPECT_EQ(context.layout.node_of, (std::vector<int>{0, 0, 1, 1}));
+  const auto at = [&](int a, int b) {
+    return static_cast<LinkClass>(context.pair_class[a * 4 + b]);
+  };
+  EXPECT_EQ(at(0, 1), LinkClass::NvLink);
+  EXPECT_EQ(at(0, 2), LinkClass::Network);    // both on rail 0
+  EXPECT_EQ(at(0, 3), LinkClass::CrossRail);  // rail 0 to rail 1
+  EXPECT_EQ(context.links[static_cast<int>(LinkClass::Network)].bandwidth_gb_s, 12);
+  // The file's costs reach the model: a slower network, a slower cross-node ring.
+  topo::Cluster faster = file;
+  faster.links[static_cast<int>(LinkClass::Network)].bandwidth_gb_s = 48;
+  faster.links[static_cast<int>(LinkClass::CrossRail)].bandwidth_gb_s = 48;
+  EXPECT_GT(Tuner(context).predict_us(Collective::AllReduce, Algorithm::Ring, 0, 1 << 24),
+            Tuner(tune_context(faster, false))
+                .predict_us(Collective::AllReduce, Algorithm::Ring, 0, 1 << 24));
 }
 
 // The plan is the model's fastest candidate; returns that candidate.
