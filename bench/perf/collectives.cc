@@ -208,7 +208,8 @@ const Collective kCollectives[] = {
            result = weftGroupEnd();
            if (send != weftSuccess) return send;
            return recv != weftSuccess ? recv : result;
-         }},
+         },
+     .tuned = false},
 };
 
 }  // namespace

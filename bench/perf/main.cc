@@ -179,7 +179,7 @@ class Benchmark {
         const Placement p = placement(in_place == 1, g, element_size);
         const CallArgs args = call_args(p, g, dtype, op);
         mine.seconds[in_place] = time_calls(args);
-        if (in_place == 0 && self_.rank == 0) record_algorithm();
+        if (in_place == 0 && self_.rank == 0 && collective_.tuned) record_algorithm();
         mine.wrong[in_place] = checked(in_place == 1) ? check(args, g, pattern, in_place == 1) : 0;
       }
       std::vector<RankResult> all = gather_at_rank0(self_, mine);

@@ -80,7 +80,9 @@ constexpr uint64_t kChunkCandidates[] = {128 << 10, 512 << 10, 2 << 20};
 
 // The size the model is evaluated at for a bucket: its lowest, a power of
 // two, so that tables over powers of two show the decisions exactly.
-uint64_t bucket_size(int bucket) { return bucket == 0 ? 0 : uint64_t{1} << (bucket - 1); }
+uint64_t bucket_size(int bucket) {
+  return bucket == 0 ? 0 : uint64_t{1} << (bucket - 1);
+}
 
 // Size thresholds, for calls no candidate schedule could be timed for
 // (schedules over the model's step budget).
@@ -121,11 +123,12 @@ topo::LinkClass place_link(const topo::RankPlace& a, const topo::RankPlace& b) {
 }
 
 // Intra-node links as measured on the development machine (2 cores, one
-// NUMA node; UCX shared memory, Release build):
-//   weft-perf sendrecv -b 8 -e 64M -f 4 -n 50 under weftrun -np 2
-// gave about 1.5 us at 8 B and 5.5 GB/s at 64 MiB (docs/tuning.md). They
-// replace the generic defaults unless a topology file gives costs.
-constexpr topo::LinkCost kMeasuredSameNode{5.5, 1.5};
+// NUMA node, UCX shared memory, Release build, docs/tuning.md "Calibration"):
+//   weftrun -n 2 weft-perf sendrecv -b 8 -e 64M -f 8 -n 50 -w 10 -c 0
+// 0.8-0.9 us at 8 B; 6-12 GB/s at 256K-2M, 3-6 GB/s at 16M (noisy: the
+// machine is shared). They replace the generic defaults unless a topology
+// file gives costs.
+constexpr topo::LinkCost kMeasuredSameNode{6.0, 1.0};
 
 }  // namespace
 
@@ -309,16 +312,21 @@ Tuner::Decision Tuner::decide(algo::Collective collective, uint64_t bytes) const
           kChunkCandidates[1], -1};
 }
 
-std::string Tuner::decision_table(algo::Collective collective, uint64_t max_bytes) const {
-  std::string table;
-  for (int bucket = 1; bucket <= size_bucket(max_bytes); ++bucket) {
-    const uint64_t lo = uint64_t{1} << (bucket - 1);
-    const Decision d = decide(collective, bucket_size(bucket));
+std::vector<std::string> Tuner::decision_table(algo::Collective collective,
+                                               uint64_t max_bytes) const {
+  std::vector<std::string> table;
+  const bool sized = collective != algo::Collective::Barrier;
+  for (int bucket = sized ? 1 : 0; bucket <= (sized ? size_bucket(max_bytes) : 0); ++bucket) {
+    const uint64_t lo = bucket_size(bucket);
+    const Decision d = decide(collective, lo);
+    // Chunks no smaller than the bucket's sizes do not split anything.
+    const std::string chunk = d.chunk_bytes < lo * 2 ? size_text(d.chunk_bytes) : "none";
+    const std::string range = sized ? size_text(lo) + "-" + size_text(lo * 2) : "any size";
     char line[160];
-    snprintf(line, sizeof(line), "\n  %s %7s-%-7s %-9s chunk %5s predicted %.1f us",
-             algo::collective_name(collective), size_text(lo).c_str(), size_text(lo * 2).c_str(),
-             algo::algorithm_name(d.algorithm), size_text(d.chunk_bytes).c_str(), d.time_us);
-    table += line;
+    snprintf(line, sizeof(line), "%s %-11s %-13s chunk %-4s predicted %.1f us",
+             algo::collective_name(collective), range.c_str(), algo::algorithm_name(d.algorithm),
+             chunk.c_str(), d.time_us);
+    table.push_back(line);
   }
   return table;
 }
@@ -335,9 +343,10 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
     decision = found->second;
     if (!logged_[c] && log_enabled(LogLevel::INFO, kLogTUNE)) {
       logged_[c] = true;
-      WEFT_LOG(INFO, TUNE, "%s on %d ranks: size range -> algorithm, chunk, predicted time%s",
-               algo::collective_name(collective), context_.nranks,
-               decision_table(collective, uint64_t{1} << 30).c_str());
+      WEFT_LOG(INFO, TUNE, "%s on %d ranks: size range (B), algorithm, chunk, predicted time",
+               algo::collective_name(collective), context_.nranks);
+      for (const std::string& line : decision_table(collective, uint64_t{1} << 30))
+        WEFT_LOG(INFO, TUNE, "  %s", line.c_str());
     }
     last_ = Last{collective, bytes, decision};
   }

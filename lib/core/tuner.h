@@ -45,8 +45,11 @@ Status parse_algorithm_overrides(const std::string& spec, const char* source,
                                  AlgorithmOverrides* out);
 
 // Local memory as the host executor's reductions and copies use it: per-step
-// overhead and throughput of one core (docs/tuning.md, "Calibration").
-inline constexpr algo::LinkTime kHostMemory{0.3, 6.0};
+// overhead and throughput of one core on the development machine
+// (docs/tuning.md, "Calibration": weft-bench-reduce gives ~40 GB/s for
+// cached 4 MiB float sums, weft-copybw -t 1 ~17 GB/s for 64 MiB copies; a
+// reduction streams three vectors, so about 12 GB/s out of cache).
+inline constexpr algo::LinkTime kHostMemory{0.2, 12.0};
 
 // What the tuner knows about a communicator.
 struct TuneContext {
@@ -95,8 +98,9 @@ class Tuner {
   // two the first candidate is plan()'s choice (without overrides).
   std::vector<Candidate> candidates(algo::Collective collective, uint64_t bytes) const;
 
-  // The decision per size bucket from 1 B to `max_bytes`, one line each.
-  std::string decision_table(algo::Collective collective, uint64_t max_bytes) const;
+  // The decision per size bucket from 1 B to `max_bytes`, one line each
+  // (one line in all for a barrier, which has no size).
+  std::vector<std::string> decision_table(algo::Collective collective, uint64_t max_bytes) const;
 
   // The model's time for one schedule; negative when it cannot be timed.
   double predict_us(algo::Collective collective, algo::Algorithm algorithm, uint64_t chunk_bytes,

@@ -161,10 +161,15 @@ TEST(Tuner, LastPredictionIsAtTheExactSize) {
 
 TEST(Tuner, DecisionTableListsEveryBucket) {
   Tuner tuner(cluster(1, 4, false, true));
-  const std::string table = tuner.decision_table(Collective::AllReduce, 1 << 20);
-  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), size_bucket(1 << 20));
-  EXPECT_NE(table.find("oneshot"), std::string::npos) << table;
-  EXPECT_NE(table.find("512K-1M"), std::string::npos) << table;
+  const std::vector<std::string> table = tuner.decision_table(Collective::AllReduce, 1 << 20);
+  ASSERT_EQ(table.size(), static_cast<size_t>(size_bucket(1 << 20)));
+  EXPECT_NE(table.front().find("oneshot"), std::string::npos) << table.front();
+  EXPECT_NE(table.front().find("1-2 "), std::string::npos) << table.front();
+  EXPECT_NE(table.back().find("1M-2M "), std::string::npos) << table.back();
+  // Each line shows the decision plan() takes for its bucket.
+  const Plan plan = tuner.plan(Collective::AllReduce, 1 << 20, 1);
+  EXPECT_NE(table.back().find(algo::algorithm_name(plan.algorithm)), std::string::npos);
+  EXPECT_EQ(tuner.decision_table(Collective::Barrier, 1 << 20).size(), 1u);
 }
 
 TEST(Overrides, RangesForceAlgorithms) {

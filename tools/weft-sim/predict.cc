@@ -56,9 +56,11 @@ namespace {
 int usage() {
   fprintf(stderr,
           "usage: weft-sim --topo <cluster.json> --coll <collective> --bytes <lo>:<hi>\n"
-          "                [--factor <F>] [--shm] [--max-steps <N>]\n"
+          "                [--factor <F>] [--shm] [--memory-gbps <B>] [--max-steps <N>]\n"
           "sizes as nccl-tests counts them (K/M/G = powers of 1024), from lo to hi times F\n"
           "(default 2); --shm allows the direct algorithms (one node sharing memory);\n"
+          "--memory-gbps sets the reduction/copy throughput (default: the host executor's,\n"
+          "one CPU core; use the GPU's for GPU clusters);\n"
           "schedules with more than --max-steps steps in all (default 8M) are timed at\n"
           "coarser chunks\n");
   return 2;
@@ -80,6 +82,7 @@ int run_predict(int argc, char** argv) {
   std::string file, coll = "allreduce";
   uint64_t lo = 1024, hi = uint64_t{1} << 30, factor = 2, max_steps = uint64_t{8} << 20;
   bool shm = false;
+  double memory_gbps = 0;  // 0: the host executor's figure
   for (int i = 1; i < argc; ++i) {
     const char* flag = argv[i];
     if (strcmp(flag, "--shm") == 0) {
@@ -99,6 +102,10 @@ int run_predict(int argc, char** argv) {
       if (!parse_size(first.c_str(), &lo) || !parse_size(colon + 1, &hi) || hi < lo) return usage();
     } else if (strcmp(flag, "--factor") == 0) {
       if (!parse_size(value, &factor) || factor < 2) return usage();
+    } else if (strcmp(flag, "--memory-gbps") == 0) {
+      char* end = nullptr;
+      memory_gbps = strtod(value, &end);
+      if (end == value || *end != '\0' || !(memory_gbps > 0)) return usage();
     } else if (strcmp(flag, "--max-steps") == 0) {
       if (!parse_size(value, &max_steps) || max_steps == 0) return usage();
     } else {
@@ -118,6 +125,7 @@ int run_predict(int argc, char** argv) {
   }
   TuneContext context = tune_context(cluster, shm);
   context.max_model_steps = max_steps;
+  if (memory_gbps > 0) context.memory.bandwidth_gb_s = memory_gbps;
   const int n = context.nranks;
   Tuner tuner(std::move(context));
 

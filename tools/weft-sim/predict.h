@@ -3,7 +3,7 @@
 // predicted time and bus bandwidth at its best chunk, and marks the tuner's
 // choice:
 //   weft-sim --topo cluster.json --coll allreduce --bytes 1K:4G [--factor 4]
-//            [--shm] [--max-steps 8M]
+//            [--shm] [--memory-gbps B] [--max-steps 8M]
 #pragma once
 
 #include <cstdint>
