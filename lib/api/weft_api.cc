@@ -277,8 +277,7 @@ weftResult_t weftCommCount(const weftComm_t comm, int* count) {
   return report(run(), __func__);
 }
 
-weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm,
-                                   double* predicted_us) {
+weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm, double* predicted_us) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
