@@ -73,7 +73,6 @@ Source from_block_owner(const Geometry& g, size_t recv_index) {
   return {Kind::kCopy, static_cast<int>(recv_index / g.param_count), recv_index % g.param_count};
 }
 
-
 const Collective kCollectives[] = {
     {.name = "allreduce",
      .reduces = true,
@@ -209,7 +208,8 @@ const Collective kCollectives[] = {
            result = weftGroupEnd();
            if (send != weftSuccess) return send;
            return recv != weftSuccess ? recv : result;
-         }},
+         },
+     .tuned = false},
 };
 
 }  // namespace

@@ -60,6 +60,7 @@ struct Collective {
   Geometry (*geometry)(size_t count, size_t element_size, int nranks);
   Source (*source)(const Geometry& geometry, int rank, int nranks, int root, size_t recv_index);
   weftResult_t (*call)(const CallArgs& args);
+  bool tuned = true;  // a collective the library's tuner plans (not point-to-point)
 };
 
 std::span<const Collective> collectives();

@@ -179,11 +179,24 @@ class Benchmark {
         const Placement p = placement(in_place == 1, g, element_size);
         const CallArgs args = call_args(p, g, dtype, op);
         mine.seconds[in_place] = time_calls(args);
+        if (in_place == 0 && self_.rank == 0 && collective_.tuned) record_algorithm();
         mine.wrong[in_place] = checked(in_place == 1) ? check(args, g, pattern, in_place == 1) : 0;
       }
       std::vector<RankResult> all = gather_at_rank0(self_, mine);
       if (self_.rank == 0) report(all, g, dtype, op);
     }
+  }
+
+  // The tuner's choice for the calls just timed, and its predicted time
+  // (the model runs here, outside the timed loop).
+  void record_algorithm() {
+    const char* name = nullptr;
+    if (weftCommLastAlgorithm(self_.comm, &name, &predicted_us_) != weftSuccess) {
+      algorithm_.clear();
+      predicted_us_ = -1;
+      return;
+    }
+    algorithm_ = name;
   }
 
   bool checked(bool in_place) const {
@@ -258,6 +271,8 @@ class Benchmark {
     row.type = dtype_name(dtype);
     row.redop = op ? op_name(*op) : "none";
     row.root = collective_.rooted ? options_.root : -1;
+    row.algorithm = algorithm_;
+    row.predicted_us = predicted_us_;
     for (int p = 0; p < 2; ++p) {
       Measurement& m = p == 0 ? row.out_of_place : row.in_place;
       const double seconds = combined_seconds(all, p);
@@ -285,6 +300,8 @@ class Benchmark {
   bool corrupt_ = false;
   Buffer send_;
   Buffer recv_;
+  std::string algorithm_;  // rank 0: of the row being measured
+  double predicted_us_ = -1;
   int64_t wrong_total_ = 0;
   double busbw_sum_ = 0;
   int measurements_ = 0;

@@ -117,17 +117,26 @@ std::string format_header(const Options& options, int nranks, int library_versio
 }
 
 std::string format_row(const Row& row) {
-  return row_columns(std::to_string(row.bytes), std::to_string(row.count), row.type, row.redop,
-                     std::to_string(row.root)) +
-         placement_columns(cells(row.out_of_place)) + placement_columns(cells(row.in_place)) + "\n";
+  std::string text = row_columns(std::to_string(row.bytes), std::to_string(row.count), row.type,
+                                 row.redop, std::to_string(row.root)) +
+                     placement_columns(cells(row.out_of_place)) +
+                     placement_columns(cells(row.in_place)) + "\n";
+  if (row.algorithm.empty()) return text;
+  text += format("#  ^ algorithm %s", row.algorithm.c_str());
+  if (row.predicted_us > 0)
+    text += format(", predicted %.4g us, measured/predicted %.2f", row.predicted_us,
+                   row.out_of_place.time_us / row.predicted_us);
+  return text + "\n";
 }
 
 std::string format_json_row(const Row& row, const std::string& collective, int nranks) {
   return format(
       "{\"collective\":\"%s\",\"nranks\":%d,\"size_bytes\":%zu,\"count\":%zu,\"type\":\"%s\","
-      "\"redop\":\"%s\",\"root\":%d,\"out_of_place\":%s,\"in_place\":%s}\n",
+      "\"redop\":\"%s\",\"root\":%d,\"out_of_place\":%s,\"in_place\":%s,\"algorithm\":\"%s\","
+      "\"predicted_us\":%.6g}\n",
       collective.c_str(), nranks, row.bytes, row.count, row.type, row.redop, row.root,
-      json_measurement(row.out_of_place).c_str(), json_measurement(row.in_place).c_str());
+      json_measurement(row.out_of_place).c_str(), json_measurement(row.in_place).c_str(),
+      row.algorithm.c_str(), row.predicted_us);
 }
 
 std::string format_footer(int64_t wrong_total, double avg_busbw) {

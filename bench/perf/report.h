@@ -27,6 +27,10 @@ struct Row {
   int root = -1;
   Measurement out_of_place;
   Measurement in_place;
+  // What the library's tuner chose for the out-of-place call ("" when not
+  // known) and its cost model's predicted time (negative: none).
+  std::string algorithm{};
+  double predicted_us = -1;
 };
 
 struct RankLine {
@@ -38,6 +42,8 @@ struct RankLine {
 // Everything above the first row: version, parameters, one line per rank, column titles.
 std::string format_header(const Options& options, int nranks, int library_version,
                           const std::vector<RankLine>& ranks);
+// The table row, then (when the algorithm is known) a comment line with the
+// algorithm and the model's prediction, so nccl-tests parsers see the usual columns.
 std::string format_row(const Row& row);
 std::string format_json_row(const Row& row, const std::string& collective, int nranks);
 // avg_busbw: mean busbw over every row and both placements.

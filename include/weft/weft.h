@@ -141,6 +141,13 @@ WEFT_API weftResult_t weftCommDestroy(weftComm_t comm);
 WEFT_API weftResult_t weftCommAbort(weftComm_t comm);
 /* weftSuccess while healthy; otherwise the error that failed the communicator. */
 WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
+/* Weft extension: the algorithm the tuner chose for the last collective
+ * launched on comm ("" before the first; a static string) and, if
+ * predictedUs is not NULL, the cost model's predicted time in microseconds
+ * at that call's size (negative when it could not be modelled; computing it
+ * runs the model, so ask outside timed loops). */
+WEFT_API weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm,
+                                            double* predictedUs);
 
 /* Point to point. Inside weftGroupStart/End, sends and receives are posted
  * together so that exchange patterns cannot deadlock. */

@@ -277,6 +277,18 @@ weftResult_t weftCommCount(const weftComm_t comm, int* count) {
   return report(run(), __func__);
 }
 
+weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm, double* predicted_us) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(algorithm, "algorithm"));
+    *algorithm = impl->tuner().last_algorithm();
+    if (predicted_us != nullptr) *predicted_us = impl->tuner().last_predicted_us();
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
 weftResult_t weftCommUserRank(const weftComm_t comm, int* rank) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;

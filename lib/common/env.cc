@@ -30,8 +30,9 @@ constexpr EnvVar kEnvTable[] = {
      "weftCommInitFromEnv (weftrun sets a random one)."},
     {"WEFT_LOCAL_RANK", "", "Rank within this node, set by weftrun (informational)."},
     {"WEFT_ALGO", "",
-     "Force algorithms per collective, e.g. allreduce:ring,allgather:bruck (names: ring, tree, "
-     "rhd, rd, bruck, pairwise, binomial, chain, dissemination)."},
+     "Force algorithms per collective and optionally per size range, e.g. "
+     "allreduce:0-16K:rd,allreduce:16K-inf:ring,allgather:bruck (names: ring, tree, rhd, rd, "
+     "bruck, pairwise, binomial, chain, dissemination, hier, leader, oneshot, twoshot)."},
     {"WEFT_TOPO_FILE", "",
      "A cluster description (JSON, docs/topology.md) to use instead of discovering the "
      "topology: for tests, planning and weft-topo."},

@@ -136,8 +136,7 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   params.recv_displs = call.recv_displs;
   WEFT_RETURN_IF_ERROR(check_buffers(call, params));
   uint64_t bytes = call.count * element;
-  Plan plan =
-      plan_collective(call.collective, bytes, element, comm.nranks(), comm.algorithm_overrides());
+  Plan plan = comm.tuner().plan(call.collective, bytes, element);
   params.algorithm = plan.algorithm;
   params.chunk = plan.chunk_elements;
 

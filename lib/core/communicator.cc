@@ -120,6 +120,8 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
     places[peer] = topo::RankPlace{info.host_hash, info.package, info.numa, -1};
   }
   WEFT_RETURN_IF_ERROR(comm_topology(std::move(places), &comm->topology_));
+  // No direct (shared-memory) algorithms until the executor runs them.
+  comm->tuner_ = std::make_unique<Tuner>(tune_context(comm->topology_, false, comm->overrides_));
   long local_ranks =
       std::count_if(comm->peers_.begin(), comm->peers_.end(),
                     [&](const PeerInfo& p) { return p.host_hash == self.host_hash; });

@@ -95,7 +95,7 @@ class Communicator {
   // Collective state: sequence numbers, cached programs, custom ops.
   uint64_t next_collective_sequence() { return collective_sequence_++; }
   ProgramCache& programs() { return programs_; }
-  const AlgorithmOverrides& algorithm_overrides() const { return overrides_; }
+  Tuner& tuner() { return *tuner_; }
   // Pre-multiplied sums created with weftRedOpCreatePreMulSum.
   struct PreMulSum {
     weftDataType_t dtype;
@@ -144,6 +144,7 @@ class Communicator {
   uint64_t collective_sequence_ = 0;
   ProgramCache programs_;
   AlgorithmOverrides overrides_;
+  std::unique_ptr<Tuner> tuner_;  // per-size decisions, cached
   std::vector<std::optional<PreMulSum>> premulsums_;
   int wake_fd_ = -1;  // eventfd: written when the communicator fails
   std::atomic<weftResult_t> failed_code_{weftSuccess};

@@ -1,6 +1,16 @@
 #include "core/tuner.h"
 
+#include <algorithm>
+#include <bit>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
 #include <string_view>
+
+#include "common/log.h"
+#include "topo/cluster_view.h"
+#include "topo/shapes.h"
 
 namespace weft {
 
@@ -24,28 +34,134 @@ std::string valid_collectives() {
   return names;
 }
 
-// Messages of a pipelined schedule: big enough to amortise per-message cost,
-// small enough that several are in flight.
-constexpr uint64_t kChunkBytes = 512 << 10;
+// "16K", "2M", "0", "inf" (UINT64_MAX).
+bool parse_bytes(std::string_view text, uint64_t* out) {
+  if (text == "inf") {
+    *out = UINT64_MAX;
+    return true;
+  }
+  uint64_t value = 0;
+  size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    if (value > UINT64_MAX / 10) return false;
+    value = value * 10 + static_cast<uint64_t>(text[i] - '0');
+  }
+  if (i == 0) return false;
+  int shift = 0;
+  if (i + 1 == text.size()) {
+    const char unit = text[i];
+    shift = unit == 'K' || unit == 'k'   ? 10
+            : unit == 'M' || unit == 'm' ? 20
+            : unit == 'G' || unit == 'g' ? 30
+                                         : -1;
+    if (shift < 0) return false;
+  } else if (i != text.size()) {
+    return false;
+  }
+  if (shift > 0 && value > (UINT64_MAX >> shift)) return false;
+  *out = value << shift;
+  return true;
+}
+
+std::string size_text(uint64_t bytes) {
+  if (bytes == UINT64_MAX) return "inf";
+  const char* units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  return std::to_string(bytes) + units[u];
+}
+
+// Chunk sizes tried for pipelined schedules: big enough to amortise a
+// message's latency, small enough that several are in flight.
+constexpr uint64_t kChunkCandidates[] = {128 << 10, 512 << 10, 2 << 20};
+
+// The size the model is evaluated at for a bucket: its lowest, a power of
+// two, so that tables over powers of two show the decisions exactly.
+uint64_t bucket_size(int bucket) {
+  return bucket == 0 ? 0 : uint64_t{1} << (bucket - 1);
+}
+
+// Size thresholds, for calls no candidate schedule could be timed for
+// (schedules over the model's step budget).
+algo::Algorithm fallback_algorithm(algo::Collective collective, uint64_t bytes, int nranks) {
+  using algo::Algorithm;
+  using algo::Collective;
+  const uint64_t n = static_cast<uint64_t>(nranks);
+  switch (collective) {
+    case Collective::AllReduce:
+      return bytes <= (16 << 10) ? Algorithm::Rd : Algorithm::Ring;
+    case Collective::ReduceScatter:
+      return bytes * n <= (512 << 10) ? Algorithm::Rhd : Algorithm::Ring;
+    case Collective::AllGather:
+      return bytes * n <= (64 << 10) ? Algorithm::Bruck : Algorithm::Ring;
+    case Collective::Broadcast:
+    case Collective::Reduce:
+      return bytes <= (256 << 10) ? Algorithm::Binomial : Algorithm::Chain;
+    case Collective::AllToAll:
+      return bytes <= 1024 ? Algorithm::Bruck : Algorithm::Pairwise;
+    case Collective::AllToAllv:
+      return Algorithm::Pairwise;
+    case Collective::Gather:
+    case Collective::Scatter:
+      return Algorithm::Binomial;
+    case Collective::Barrier:
+      return Algorithm::Dissemination;
+  }
+  return Algorithm::Ring;
+}
+
+topo::LinkClass place_link(const topo::RankPlace& a, const topo::RankPlace& b) {
+  using topo::LinkClass;
+  if (a.node_key != b.node_key) return LinkClass::Network;
+  if (a.gpu >= 0 && b.gpu >= 0 && a.gpu != b.gpu) return LinkClass::NvLink;
+  if (a.numa >= 0 && a.numa == b.numa) return LinkClass::SameNuma;
+  if (a.package >= 0 && a.package == b.package) return LinkClass::SameSocket;
+  return LinkClass::CrossSocket;
+}
+
+// Intra-node links as measured on the development machine (2 cores, one
+// NUMA node, UCX shared memory, Release build, docs/tuning.md "Calibration"):
+//   weftrun -n 2 weft-perf sendrecv -b 8 -e 64M -f 8 -n 50 -w 10 -c 0
+// 0.8-0.9 us at 8 B; 6-12 GB/s at 256K-2M, 3-6 GB/s at 16M (noisy: the
+// machine is shared). They replace the generic defaults unless a topology
+// file gives costs.
+constexpr topo::LinkCost kMeasuredSameNode{6.0, 1.0};
 
 }  // namespace
+
+bool AlgorithmOverrides::find(algo::Collective collective, uint64_t bytes,
+                              algo::Algorithm* out) const {
+  for (const AlgorithmOverride& range : ranges[static_cast<int>(collective)]) {
+    if (bytes >= range.lo && (bytes < range.hi || range.hi == UINT64_MAX)) {
+      *out = range.algorithm;
+      return true;
+    }
+  }
+  return false;
+}
 
 Status parse_algorithm_overrides(const std::string& spec, const char* source,
                                  AlgorithmOverrides* out) {
   std::string_view rest(spec);
   while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string_view entry = rest.substr(0, comma);
+    const size_t comma = rest.find(',');
+    const std::string_view entry = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     if (entry.empty()) continue;
-    size_t colon = entry.find(':');
+    const int length = static_cast<int>(entry.size());
+    const size_t colon = entry.find(':');
+    const size_t last_colon = entry.rfind(':');
     if (colon == std::string_view::npos)
-      return Error(weftInvalidArgument, "%s entry '%.*s' is not collective:algorithm", source,
-                   static_cast<int>(entry.size()), entry.data());
+      return Error(weftInvalidArgument,
+                   "%s entry '%.*s' is not collective:algorithm or collective:lo-hi:algorithm",
+                   source, length, entry.data());
     algo::Collective collective;
     algo::Algorithm algorithm;
-    std::string_view collective_name = entry.substr(0, colon);
-    std::string_view algorithm_name = entry.substr(colon + 1);
+    const std::string_view collective_name = entry.substr(0, colon);
+    const std::string_view algorithm_name = entry.substr(last_colon + 1);
     if (!algo::parse_collective(collective_name, &collective))
       return Error(weftInvalidArgument, "%s: unknown collective '%.*s' (valid: %s)", source,
                    static_cast<int>(collective_name.size()), collective_name.data(),
@@ -55,54 +171,206 @@ Status parse_algorithm_overrides(const std::string& spec, const char* source,
       return Error(weftInvalidArgument, "%s: '%.*s' is not an algorithm for %s (valid: %s)", source,
                    static_cast<int>(algorithm_name.size()), algorithm_name.data(),
                    algo::collective_name(collective), valid_algorithms(collective).c_str());
-    out->forced[static_cast<int>(collective)] = static_cast<int>(algorithm);
+    AlgorithmOverride range;
+    range.algorithm = algorithm;
+    if (last_colon != colon) {
+      const std::string_view sizes = entry.substr(colon + 1, last_colon - colon - 1);
+      const size_t dash = sizes.find('-');
+      if (dash == std::string_view::npos || !parse_bytes(sizes.substr(0, dash), &range.lo) ||
+          !parse_bytes(sizes.substr(dash + 1), &range.hi) || range.lo == UINT64_MAX)
+        return Error(weftInvalidArgument,
+                     "%s entry '%.*s': the size range must be lo-hi in bytes with K/M/G suffixes "
+                     "or 'inf' (e.g. 0-16K, 16K-inf)",
+                     source, length, entry.data());
+      if (range.lo >= range.hi)
+        return Error(weftInvalidArgument, "%s entry '%.*s': the size range is empty (lo >= hi)",
+                     source, length, entry.data());
+    }
+    for (const AlgorithmOverride& other : out->ranges[static_cast<int>(collective)]) {
+      if (range.lo < other.hi && other.lo < range.hi)
+        return Error(weftInvalidArgument,
+                     "%s entry '%.*s' overlaps the earlier %s range %s-%s (ranges are lo "
+                     "inclusive, hi exclusive)",
+                     source, length, entry.data(), algo::collective_name(collective),
+                     size_text(other.lo).c_str(), size_text(other.hi).c_str());
+    }
+    out->ranges[static_cast<int>(collective)].push_back(range);
   }
   return Status::Ok();
 }
 
-Plan plan_collective(algo::Collective collective, uint64_t bytes, size_t element_size, int nranks,
-                     const AlgorithmOverrides& overrides) {
-  using algo::Algorithm;
-  using algo::Collective;
-  Plan plan{Algorithm::Ring, kChunkBytes / element_size};
-  int forced = overrides.forced[static_cast<int>(collective)];
-  if (forced >= 0) {
-    plan.algorithm = static_cast<Algorithm>(forced);
-    return plan;
+int size_bucket(uint64_t bytes) {
+  return std::bit_width(bytes);
+}
+
+TuneContext tune_context(const CommTopology& topology, bool shared_memory,
+                         const AlgorithmOverrides& overrides) {
+  TuneContext context;
+  const int n = static_cast<int>(topology.places.size());
+  context.nranks = n;
+  context.layout = topology.layout;
+  context.links = topology.links;
+  if (!topology.injected) {
+    for (topo::LinkClass link :
+         {topo::LinkClass::SameNuma, topo::LinkClass::SameSocket, topo::LinkClass::CrossSocket})
+      context.links[static_cast<int>(link)] = kMeasuredSameNode;
   }
-  // Size thresholds: latency-bound algorithms for small messages, bandwidth-
-  // bound ones for large. The tuner issue replaces these with a cost model.
-  switch (collective) {
-    case Collective::AllReduce:
-      plan.algorithm = bytes <= (16 << 10)    ? Algorithm::Rd
-                       : bytes <= (512 << 10) ? Algorithm::Rhd
-                                              : Algorithm::Ring;
-      break;
-    case Collective::ReduceScatter:
-      plan.algorithm = bytes * nranks <= (512 << 10) ? Algorithm::Rhd : Algorithm::Ring;
-      break;
-    case Collective::AllGather:
-      plan.algorithm = bytes * nranks <= (64 << 10) ? Algorithm::Bruck : Algorithm::Ring;
-      break;
-    case Collective::Broadcast:
-    case Collective::Reduce:
-      plan.algorithm = bytes <= (256 << 10) ? Algorithm::Binomial : Algorithm::Chain;
-      break;
-    case Collective::AllToAll:
-      plan.algorithm = bytes <= 1024 ? Algorithm::Bruck : Algorithm::Pairwise;
-      break;
-    case Collective::AllToAllv:
-      plan.algorithm = Algorithm::Pairwise;
-      break;
-    case Collective::Gather:
-    case Collective::Scatter:
-      plan.algorithm = Algorithm::Binomial;
-      break;
-    case Collective::Barrier:
-      plan.algorithm = Algorithm::Dissemination;
-      break;
+  context.pair_class.resize(static_cast<size_t>(n) * n);
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      context.pair_class[static_cast<size_t>(a) * n + b] =
+          static_cast<uint8_t>(place_link(topology.places[a], topology.places[b]));
+  context.shared_memory = shared_memory;
+  context.overrides = overrides;
+  return context;
+}
+
+TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory) {
+  TuneContext context;
+  const int n = static_cast<int>(cluster.ranks.size());
+  context.nranks = n;
+  const topo::ClusterView view(topo::places_of(cluster));
+  for (int rank = 0; rank < n; ++rank) context.layout.node_of.push_back(view.node_of(rank));
+  context.layout.ring = topo::ring_order(view);
+  context.links = cluster.links;
+  context.pair_class.resize(static_cast<size_t>(n) * n);
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      context.pair_class[static_cast<size_t>(a) * n + b] =
+          static_cast<uint8_t>(topo::link_between(cluster, a, b));
+  context.shared_memory = shared_memory;
+  return context;
+}
+
+Tuner::Tuner(TuneContext context) : context_(std::move(context)) {
+  network_.nranks = context_.nranks;
+  for (const topo::LinkCost& cost : context_.links)
+    network_.classes.push_back({cost.latency_us, cost.bandwidth_gb_s});
+  network_.pair_class = context_.pair_class;
+  if (network_.pair_class.empty())
+    network_.pair_class.assign(static_cast<size_t>(context_.nranks) * context_.nranks,
+                               static_cast<uint8_t>(topo::LinkClass::SameNuma));
+  network_.memory = context_.memory;
+  network_.max_steps = context_.max_model_steps;
+}
+
+algo::Params Tuner::model_params(algo::Collective collective, uint64_t bytes) const {
+  algo::Params params;
+  params.collective = collective;
+  params.nranks = context_.nranks;
+  params.count = bytes;  // timed in bytes: one-byte elements
+  params.layout = context_.layout.node_of.empty() ? nullptr : &context_.layout;
+  return params;
+}
+
+double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
+                         uint64_t chunk_bytes, uint64_t bytes) const {
+  algo::Params params = model_params(collective, bytes);
+  params.algorithm = algorithm;
+  params.chunk = chunk_bytes;
+  algo::CostResult result;
+  std::string error;
+  return algo::predict(params, 1, network_, &result, &error) ? result.time_us : -1;
+}
+
+std::vector<Candidate> Tuner::candidates(algo::Collective collective, uint64_t bytes) const {
+  std::vector<Candidate> out;
+  for (int a = 0; a < algo::kNumAlgorithms; ++a) {
+    const auto algorithm = static_cast<algo::Algorithm>(a);
+    if (!algo::supports(algorithm, collective)) continue;
+    const bool direct = algo::is_direct(algorithm);
+    if (direct && !context_.shared_memory) continue;
+    const size_t before = out.size();
+    for (uint64_t chunk : kChunkCandidates) {
+      // Chunks at least as large as the call all mean "unchunked": time one.
+      if (chunk != kChunkCandidates[0] && chunk >= bytes) break;
+      const double time = predict_us(collective, algorithm, chunk, bytes);
+      if (time >= 0) out.push_back({algorithm, chunk, time});
+      if (direct) break;  // direct algorithms do not chunk
+    }
+    // Too many steps to time at every candidate chunk (large calls on many
+    // ranks): coarser chunks, which the executor then uses too.
+    for (uint64_t chunk = kChunkCandidates[std::size(kChunkCandidates) - 1] * 2;
+         !direct && out.size() == before && chunk / 2 < bytes; chunk *= 2) {
+      const double time = predict_us(collective, algorithm, chunk, bytes);
+      if (time >= 0) out.push_back({algorithm, chunk, time});
+    }
   }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Candidate& x, const Candidate& y) { return x.time_us < y.time_us; });
+  return out;
+}
+
+Tuner::Decision Tuner::decide(algo::Collective collective, uint64_t bytes) const {
+  algo::Algorithm forced;
+  const bool is_forced = context_.overrides.find(collective, bytes, &forced);
+  for (const Candidate& candidate : candidates(collective, bytes)) {
+    if (!is_forced || candidate.algorithm == forced)
+      return {candidate.algorithm, candidate.chunk_bytes, candidate.time_us};
+  }
+  return {is_forced ? forced : fallback_algorithm(collective, bytes, context_.nranks),
+          kChunkCandidates[1], -1};
+}
+
+std::vector<std::string> Tuner::decision_table(algo::Collective collective,
+                                               uint64_t max_bytes) const {
+  std::vector<std::string> table;
+  const bool sized = collective != algo::Collective::Barrier;
+  for (int bucket = sized ? 1 : 0; bucket <= (sized ? size_bucket(max_bytes) : 0); ++bucket) {
+    const uint64_t lo = bucket_size(bucket);
+    const Decision d = decide(collective, lo);
+    // Chunks no smaller than the bucket's sizes do not split anything.
+    const std::string chunk = d.chunk_bytes < lo * 2 ? size_text(d.chunk_bytes) : "none";
+    const std::string range = sized ? size_text(lo) + "-" + size_text(lo * 2) : "any size";
+    char line[160];
+    snprintf(line, sizeof(line), "%s %-11s %-13s chunk %-4s predicted %.1f us",
+             algo::collective_name(collective), range.c_str(), algo::algorithm_name(d.algorithm),
+             chunk.c_str(), d.time_us);
+    table.push_back(line);
+  }
+  return table;
+}
+
+Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_size) {
+  const int c = static_cast<int>(collective);
+  Decision decision;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int bucket = size_bucket(bytes);
+    auto found = cache_.find({c, bucket});
+    if (found == cache_.end())
+      found = cache_.emplace(std::pair{c, bucket}, decide(collective, bucket_size(bucket))).first;
+    decision = found->second;
+    if (!logged_[c] && log_enabled(LogLevel::INFO, kLogTUNE)) {
+      logged_[c] = true;
+      WEFT_LOG(INFO, TUNE, "%s on %d ranks: size range (B), algorithm, chunk, predicted time",
+               algo::collective_name(collective), context_.nranks);
+      for (const std::string& line : decision_table(collective, uint64_t{1} << 30))
+        WEFT_LOG(INFO, TUNE, "  %s", line.c_str());
+    }
+    last_ = Last{collective, bytes, decision};
+  }
+  Plan plan;
+  plan.algorithm = decision.algorithm;
+  plan.chunk_elements = std::max<uint64_t>(1, decision.chunk_bytes / element_size);
+  plan.predicted_us = decision.time_us;
   return plan;
+}
+
+const char* Tuner::last_algorithm() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_ ? algo::algorithm_name(last_->decision.algorithm) : "";
+}
+
+double Tuner::last_predicted_us() const {
+  std::optional<Last> last;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last = last_;
+  }
+  if (!last) return -1;
+  return predict_us(last->collective, last->decision.algorithm, last->decision.chunk_bytes,
+                    last->bytes);
 }
 
 }  // namespace weft

@@ -1,36 +1,141 @@
-// Chooses the algorithm and message chunking per collective call. Users can
-// force an algorithm per collective with WEFT_ALGO or the config's
-// `algorithms` field ("allreduce:ring,allgather:bruck"). Until the cost model
-// lands the default is a size threshold per collective.
+// Chooses the algorithm and message chunking per collective call from the
+// α-β cost model (algorithms/cost_model.h): every candidate schedule is timed
+// on the communicator's links, once per (collective, power-of-two size
+// bucket), and the fastest wins, so a call costs a table lookup. Users can
+// force algorithms per collective and size range with WEFT_ALGO or the
+// config's `algorithms` field (docs/tuning.md):
+//   allreduce:ring,allgather:bruck                 (every size)
+//   allreduce:0-16K:oneshot,allreduce:16K-inf:ring  (lo inclusive, hi exclusive)
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "algorithms/cost_model.h"
 #include "algorithms/schedule.h"
 #include "common/status.h"
+#include "core/layout.h"
+#include "topo/cluster.h"
 
 namespace weft {
 
-struct AlgorithmOverrides {
-  // Forced algorithm per collective, or -1.
-  std::array<int, algo::kNumCollectives> forced;
-  AlgorithmOverrides() { forced.fill(-1); }
+struct AlgorithmOverride {
+  uint64_t lo = 0;           // bytes, inclusive
+  uint64_t hi = UINT64_MAX;  // bytes, exclusive; UINT64_MAX: no upper bound
+  algo::Algorithm algorithm = algo::Algorithm::Ring;
 };
 
-// Parses "collective:algorithm[,collective:algorithm...]". Unknown names and
-// algorithms that do not implement the collective are errors listing the
-// valid choices.
+struct AlgorithmOverrides {
+  std::array<std::vector<AlgorithmOverride>, algo::kNumCollectives> ranges;
+  // The forced algorithm for a call of `bytes`, or false.
+  bool find(algo::Collective collective, uint64_t bytes, algo::Algorithm* out) const;
+};
+
+// Parses "collective[:lo-hi]:algorithm[,...]". Sizes take K/M/G suffixes
+// (powers of 1024); hi may be "inf". Unknown names, algorithms that do not
+// implement the collective, malformed or empty ranges and ranges that
+// overlap another of the same collective are errors naming the entry.
 Status parse_algorithm_overrides(const std::string& spec, const char* source,
                                  AlgorithmOverrides* out);
 
-struct Plan {
-  algo::Algorithm algorithm;
-  uint64_t chunk_elements;  // 0: no chunking
+// Local memory as the host executor's reductions and copies use it: per-step
+// overhead and throughput of one core on the development machine
+// (docs/tuning.md, "Calibration": weft-bench-reduce gives ~40 GB/s for
+// cached 4 MiB float sums, weft-copybw -t 1 ~17 GB/s for 64 MiB copies; a
+// reduction streams three vectors, so about 12 GB/s out of cache).
+inline constexpr algo::LinkTime kHostMemory{0.2, 12.0};
+
+// What the tuner knows about a communicator.
+struct TuneContext {
+  int nranks = 1;
+  algo::Layout layout;              // empty node_of: one node, rank-order ring
+  std::vector<uint8_t> pair_class;  // topo::LinkClass per [from * nranks + to]; empty: same NUMA
+  std::array<topo::LinkCost, topo::kNumLinkClasses> links = topo::Cluster::default_links();
+  algo::LinkTime memory = kHostMemory;
+  bool shared_memory = false;  // all ranks on one real node sharing memory: direct algorithms
+  AlgorithmOverrides overrides;
+  uint64_t max_model_steps = uint64_t{1} << 20;  // larger schedules are not timed
 };
 
-Plan plan_collective(algo::Collective collective, uint64_t bytes, size_t element_size, int nranks,
-                     const AlgorithmOverrides& overrides);
+// The context of a communicator: link classes from where its ranks sit
+// (ranks on different nodes: network; GPUs of one node: NVLink; otherwise
+// by NUMA node and package), costs from its topology.
+TuneContext tune_context(const CommTopology& topology, bool shared_memory,
+                         const AlgorithmOverrides& overrides);
+
+// The context of a cluster file's ranks (weft-sim, planning): link classes
+// exactly as the file gives them (NVLink domains, NIC rails).
+TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory);
+
+struct Plan {
+  algo::Algorithm algorithm = algo::Algorithm::Ring;
+  uint64_t chunk_elements = 0;  // 0: no chunking
+  double predicted_us = -1;     // the model's time; negative: not modelled
+};
+
+// One timed candidate.
+struct Candidate {
+  algo::Algorithm algorithm;
+  uint64_t chunk_bytes;
+  double time_us;
+};
+
+class Tuner {
+ public:
+  explicit Tuner(TuneContext context);
+
+  // The plan for a call of `bytes` (the collective's count times the element size).
+  Plan plan(algo::Collective collective, uint64_t bytes, size_t element_size);
+
+  // Every candidate for `bytes`, timed (untimeable ones left out), fastest
+  // first. plan() decides a size bucket by its lowest size, so for powers of
+  // two the first candidate is plan()'s choice (without overrides).
+  std::vector<Candidate> candidates(algo::Collective collective, uint64_t bytes) const;
+
+  // The decision per size bucket from 1 B to `max_bytes`, one line each
+  // (one line in all for a barrier, which has no size).
+  std::vector<std::string> decision_table(algo::Collective collective, uint64_t max_bytes) const;
+
+  // The model's time for one schedule; negative when it cannot be timed.
+  double predict_us(algo::Collective collective, algo::Algorithm algorithm, uint64_t chunk_bytes,
+                    uint64_t bytes) const;
+
+  // Name of the algorithm of the last plan, "" before the first.
+  const char* last_algorithm() const;
+  // The model's time for the last plan at its exact size (runs the model).
+  double last_predicted_us() const;
+
+  const TuneContext& context() const { return context_; }
+
+ private:
+  struct Decision {
+    algo::Algorithm algorithm;
+    uint64_t chunk_bytes;
+    double time_us;
+  };
+  Decision decide(algo::Collective collective, uint64_t bytes) const;
+  algo::Params model_params(algo::Collective collective, uint64_t bytes) const;
+
+  TuneContext context_;
+  algo::CostNetwork network_;
+  mutable std::mutex mutex_;
+  std::map<std::pair<int, int>, Decision> cache_;  // (collective, size bucket)
+  std::array<bool, algo::kNumCollectives> logged_{};
+  struct Last {
+    algo::Collective collective;
+    uint64_t bytes;
+    Decision decision;
+  };
+  std::optional<Last> last_;
+};
+
+// The size bucket of `bytes`: its bit width (0 for 0, 1 for 1, 2 for 2-3, ...).
+int size_bucket(uint64_t bytes);
 
 }  // namespace weft

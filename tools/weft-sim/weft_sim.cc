@@ -4,6 +4,9 @@
 //
 //   weft-sim allreduce --algo ring -n 1024 --bytes 256M [--dtype-size 4]
 //            [--chunk 1M] [--root R] [--in-place] [--algo all]
+//
+// With --topo it predicts times on a modelled cluster instead (predict.h):
+//   weft-sim --topo cluster.json --coll allreduce --bytes 1K:4G
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "algorithms/simulator.h"
+#include "predict.h"
 
 namespace {
 
@@ -21,39 +25,23 @@ using weft::algo::Collective;
 using weft::algo::Params;
 using weft::algo::SimOptions;
 using weft::algo::SimResult;
+using weft::sim::parse_size;
+using weft::sim::per_rank_count;
+using weft::sim::run_predict;
 
 // Simulated element values cost 8 bytes each; above this many in all, the
 // exact-result check runs on a proportionally smaller vector.
 constexpr uint64_t kValueBudget = uint64_t{48} << 20;
 
 void usage() {
-  fprintf(stderr,
-          "usage: weft-sim <collective> --algo <name|all> -n <ranks> --bytes <size>\n"
-          "                [--dtype-size <bytes>] [--chunk <bytes>] [--root <rank>] [--in-place]\n"
-          "sizes take K/M/G suffixes (powers of 1024); --bytes is the collective's buffer\n"
-          "size as nccl-tests counts it (per-rank total for gather-like collectives);\n"
-          "alltoallv sends every peer the same count\n");
-}
-
-bool parse_size(const char* text, uint64_t* out) {
-  char* end = nullptr;
-  const unsigned long long value = strtoull(text, &end, 10);
-  if (end == text) return false;
-  uint64_t scale = 1;
-  if (*end == 'K' || *end == 'k') scale = uint64_t{1} << 10;
-  if (*end == 'M' || *end == 'm') scale = uint64_t{1} << 20;
-  if (*end == 'G' || *end == 'g') scale = uint64_t{1} << 30;
-  if (scale != 1) ++end;
-  if (*end != '\0') return false;
-  *out = value * scale;
-  return true;
-}
-
-// --bytes is the whole buffer for collectives whose count is per rank.
-bool per_rank_count(Collective c) {
-  return c == Collective::ReduceScatter || c == Collective::AllGather ||
-         c == Collective::AllToAll || c == Collective::AllToAllv || c == Collective::Gather ||
-         c == Collective::Scatter;
+  fprintf(
+      stderr,
+      "usage: weft-sim <collective> --algo <name|all> -n <ranks> --bytes <size>\n"
+      "                [--dtype-size <bytes>] [--chunk <bytes>] [--root <rank>] [--in-place]\n"
+      "       weft-sim --topo <cluster.json> --coll <collective> --bytes <lo>:<hi> [--factor F]\n"
+      "sizes take K/M/G suffixes (powers of 1024); --bytes is the collective's buffer\n"
+      "size as nccl-tests counts it (per-rank total for gather-like collectives);\n"
+      "alltoallv sends every peer the same count\n");
 }
 
 std::string human(double bytes) {
@@ -174,6 +162,8 @@ bool report(const Params& full, uint64_t dtype) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (strcmp(argv[i], "--topo") == 0) return run_predict(argc, argv);
   if (argc < 2) {
     usage();
     return 2;

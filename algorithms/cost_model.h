@@ -1,0 +1,55 @@
+// The α-β cost model: a collective's predicted completion time on a given
+// network, computed from the schedules themselves. Every rank's program is
+// built and timed together, event by event: a step starts once its
+// dependencies are done (a Recv also once its message has arrived); a
+// message occupies the sender's and the receiver's port for bytes / β of the
+// link class between them and arrives α later; Reduce and Copy steps occupy
+// the rank's compute for bytes / (memory bandwidth). Direct algorithms
+// (is_direct) have no program and get a closed form instead. Pure: no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "algorithms/schedule.h"
+
+namespace weft::algo {
+
+// α (latency) and β (bandwidth) of one class of link, or of local memory.
+struct LinkTime {
+  double latency_us = 0;
+  double bandwidth_gb_s = 1;  // 1e9 bytes/s
+  // Microseconds to move `bytes` over this link, latency included.
+  double time_us(double bytes) const { return latency_us + transfer_us(bytes); }
+  double transfer_us(double bytes) const { return bytes / (bandwidth_gb_s * 1e3); }
+};
+
+struct CostNetwork {
+  int nranks = 1;
+  std::vector<LinkTime> classes;           // indexed by the values of pair_class
+  std::vector<uint8_t> pair_class;         // [from * nranks + to]; empty: class 0 between all pairs
+  LinkTime memory{0.05, 10};               // Reduce and Copy steps: per-step overhead, throughput
+  uint64_t max_steps = uint64_t{4} << 20;  // programs larger in all are refused (memory)
+
+  const LinkTime& link(int from, int to) const {
+    return classes[pair_class.empty() ? 0 : pair_class[static_cast<size_t>(from) * nranks + to]];
+  }
+  // Every pair on one link class.
+  static CostNetwork uniform(int nranks, LinkTime link, LinkTime memory);
+};
+
+struct CostResult {
+  double time_us = 0;  // predicted completion of the last rank
+  uint64_t steps = 0;  // steps timed, all ranks together (0 for direct algorithms)
+  uint64_t messages = 0;
+};
+
+// Predicted time of the collective in `params` (its rank is ignored: all
+// ranks are timed) with `element_size`-byte elements on `network`. False and
+// *error when the schedule cannot be built, deadlocks, or has more than
+// network.max_steps steps in all.
+bool predict(const Params& params, uint64_t element_size, const CostNetwork& network,
+             CostResult* out, std::string* error);
+
+}  // namespace weft::algo
