@@ -24,8 +24,9 @@ void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
 }
 
 std::vector<uint8_t> to_blob(char kind, const std::string& text) {
-  std::vector<uint8_t> blob(1, static_cast<uint8_t>(kind));
-  blob.insert(blob.end(), text.begin(), text.end());
+  std::vector<uint8_t> blob(text.size() + 1);
+  blob[0] = static_cast<uint8_t>(kind);
+  if (!text.empty()) memcpy(blob.data() + 1, text.data(), text.size());
   return blob;
 }
 
