@@ -342,14 +342,17 @@ void ProgressLoop::idle(Deadline deadline, shm::Doorbell* bell, bool direct_wait
     return;
   }
   if (bell != nullptr) {
+    for (Communicator* comm : comms_)
+      if (!comm->arm()) return;  // transport events pending: progress again
     if (armed_ != bell) {
       disarm();
       armed_seen_ = bell->arm();
       armed_ = bell;
       return;  // the caller looks once more, now that ringers will see us
     }
-    // Bounded, so that timeouts are noticed even without a ring.
-    bell->wait(armed_seen_, remaining_ms(deadline, 100));
+    // Short slices: the transports' events (which a futex does not see) may
+    // need this rank's progress; and timeouts are noticed even without a ring.
+    bell->wait(armed_seen_, remaining_ms(deadline, kDoorbellSliceMs));
     disarm();
     idle_since_ = Clock::time_point();
     return;

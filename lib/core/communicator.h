@@ -199,6 +199,7 @@ class ProgressLoop {
   void disarm();
   static constexpr auto kPureSpin = std::chrono::microseconds(5);
   static constexpr auto kYieldSpin = std::chrono::microseconds(50);
+  static constexpr int kDoorbellSliceMs = 10;
 };
 
 // The outcome of a completed op (transfer errors, size mismatches); a

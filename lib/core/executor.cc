@@ -206,8 +206,10 @@ Status JobRunner::advance(bool* progressed) {
       direct_bell_ = job.comm->direct()->doorbell();
   }
 
-  // Only transfers need the transports progressed (direct jobs skip the cost).
-  if (!in_flight_.empty() || has_transfers_)
+  // Direct jobs skip the transports' cost while they move, but a blocked one
+  // progresses them: a peer's earlier transfer may still need this rank's
+  // part of the protocol (an acknowledgement) to complete.
+  if (!in_flight_.empty() || has_transfers_ || direct_bell_ != nullptr)
     for (Communicator* comm : comms_) comm->progress();
   for (size_t i = 0; i < in_flight_.size();) {
     InFlight& entry = in_flight_[i];
