@@ -67,7 +67,7 @@ class DirectState {
   bool shared() const { return available() && nranks_ > 1; }
   size_t staging_bytes() const { return staging_bytes_; }
 
-  // Called when a job is started: its place in the communicator's order.
+  // Called when a job is launched: its place in the communicator's order.
   uint64_t issue_ticket() { return tickets_issued_++; }
   // Moves the job as far as it can without waiting. Returns true once it is
   // complete; *progressed says whether a round completed. `input` is the job's

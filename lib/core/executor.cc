@@ -71,7 +71,7 @@ void JobRunner::start(std::span<Job> jobs) {
     has_transfers_ = has_transfers_ || job.direct == nullptr;
     if (job.direct != nullptr) {
       state.total = 1;
-      state.direct = DirectRun{job.comm->direct()->issue_ticket()};
+      state.direct = DirectRun{job.direct_ticket};
     } else if (job.program == nullptr) {
       state.total = 1;
       push_ready(j, 0);
@@ -255,7 +255,13 @@ Status JobRunner::advance(bool* progressed) {
   return Status::Ok();
 }
 
+void assign_direct_tickets(std::span<Job> jobs) {
+  for (Job& job : jobs)
+    if (job.direct != nullptr) job.direct_ticket = job.comm->direct()->issue_ticket();
+}
+
 Status run_jobs(std::span<Job> jobs) {
+  assign_direct_tickets(jobs);
   // Reused by the calling thread, so a blocking call does not allocate.
   thread_local JobRunner runner;
   runner.start(jobs);

@@ -52,6 +52,8 @@ struct Job {
   // A direct (shared-memory) collective, run by the communicator's direct
   // state instead of a program.
   const DirectCall* direct = nullptr;
+  // Its place among the communicator's direct ops (set at launch).
+  uint64_t direct_ticket = 0;
 };
 
 // Jobs about to run together, with the programs they use kept alive.
@@ -123,6 +125,10 @@ class JobRunner {
   std::unique_ptr<std::byte[]> buffer_;
   size_t buffer_bytes_ = 0;
 };
+
+// Numbers the direct jobs in launch order (the order they run in on every
+// rank, whichever thread starts them): call when a batch is launched.
+void assign_direct_tickets(std::span<Job> jobs);
 
 // Runs every job to completion in the calling thread. Fails when any
 // communicator fails or nothing completes within the strictest timeout.

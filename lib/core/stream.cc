@@ -72,6 +72,7 @@ void StreamEngine::enqueue_jobs(Stream* stream, JobBatch batch) {
   op->kind = Stream::Op::Kind::Jobs;
   op->stream = stream;
   op->batch = std::move(batch);
+  assign_direct_tickets(op->batch.jobs);
   for (const Job& job : op->batch.jobs) job.comm->pending_stream_ops().fetch_add(1);
   std::lock_guard<std::mutex> lock(mutex_);
   stream->queue_.push_back(std::move(op));

@@ -373,6 +373,19 @@ TEST_F(NoLeftovers, GroupsAndStreams) {
           ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(direct);
           EXPECT_EQ(gathered, std::vector<int32_t>(n * count, n - 1 + round));
         }
+        // A blocking call behind a queued one on the same communicator runs
+        // after it on every rank, whichever thread gets there first.
+        std::vector<int32_t> queued(count, 1), blocking(count, context.rank);
+        ASSERT_EQ(
+            weftAllReduce(queued.data(), queued.data(), count, weftInt32, weftSum, direct, stream),
+            weftSuccess);
+        ASSERT_EQ(weftAllReduce(blocking.data(), blocking.data(), count, weftInt32, weftMax, direct,
+                                nullptr),
+                  weftSuccess)
+            << weftGetLastError(direct);
+        ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(direct);
+        EXPECT_EQ(queued, std::vector<int32_t>(count, n));
+        EXPECT_EQ(blocking, std::vector<int32_t>(count, n - 1));
         EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
         EXPECT_EQ(weftCommDestroy(direct), weftSuccess);
         EXPECT_EQ(weftCommDestroy(plain), weftSuccess);
