@@ -68,8 +68,10 @@ uint64_t piece(uint64_t total, uint64_t step, uint64_t per_round) {
 // Each rank's segment starts with its control block; its staging follows.
 // Fields that different ranks write sit on different cache lines.
 struct DirectState::Control {
-  alignas(kLine) std::atomic<uint64_t> ready{0};  // (last published round << 1) | more
-  alignas(kLine) std::atomic<uint64_t> done{0};   // last round whose peers' stagings were read
+  // Per staging half: (last round published in it << 1) | whether this rank
+  // needs another round. A peer one round ahead publishes in the other half,
+  // so the round being read keeps its `more` bit.
+  alignas(kLine) std::atomic<uint64_t> ready[2] = {0, 0};
   alignas(kLine) shm::Doorbell bell;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -90,8 +92,8 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
   if (requested < kMinStagingBytes)
     return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%lld is below the minimum of %lld bytes",
                  static_cast<long long>(requested), static_cast<long long>(kMinStagingBytes));
-  // Every slot (one per peer) holds at least a cache line of the largest type.
-  staging_bytes_ = round_up(std::max<size_t>(requested, nranks * kLine), kLine);
+  // Two halves, each with a slot per peer of at least a cache line.
+  staging_bytes_ = round_up(std::max<size_t>(requested, 2 * nranks * kLine), 2 * kLine);
   size_t total = kControlBytes + staging_bytes_;
 
   std::vector<shm::Segment> segments(nranks);
@@ -130,12 +132,13 @@ DirectState::Control& DirectState::control(int rank) const {
   return *controls_[rank];
 }
 
+// The half of `rank`'s staging that the round in progress uses.
 const std::byte* DirectState::staging(int rank) const {
-  return segments_[rank].data() + kControlBytes;
+  return segments_[rank].data() + kControlBytes + ((round_ + 1) % 2) * (staging_bytes_ / 2);
 }
 
 std::byte* DirectState::own_staging() const {
-  return segments_[rank_].data() + kControlBytes;
+  return const_cast<std::byte*>(staging(rank_));
 }
 
 void DirectState::interrupt() {
@@ -146,16 +149,10 @@ void DirectState::ring_all() const {
   for (Control* peer : controls_) peer->bell.ring();
 }
 
-bool DirectState::peers_done(uint64_t round) const {
-  for (Control* peer : controls_)
-    if (peer->done.load(std::memory_order_acquire) < round) return false;
-  return true;
-}
-
 bool DirectState::peers_ready(uint64_t round, bool* more) const {
   *more = false;
   for (Control* peer : controls_) {
-    uint64_t ready = peer->ready.load(std::memory_order_acquire);
+    uint64_t ready = peer->ready[round % 2].load(std::memory_order_acquire);
     if ((ready >> 1) < round) return false;
     *more = *more || (ready & 1) != 0;
   }
@@ -164,7 +161,7 @@ bool DirectState::peers_ready(uint64_t round, bool* more) const {
 
 uint64_t DirectState::slot_elements(const Job& job) const {
   size_t slots = has_slots(job.direct->collective) ? nranks_ : 1;
-  return staging_bytes_ / (slots * job.math.element_size);
+  return staging_bytes_ / 2 / (slots * job.math.element_size);
 }
 
 uint64_t DirectState::rounds(const Job& job) const {
@@ -301,17 +298,13 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   while (more) {
     uint64_t round = round_ + 1;
     if (!run->published) {
-      // Overwrite the staging only once every peer has read the previous round.
-      if (!peers_done(round - 1)) return false;
       run->more = pack(job, input, run->step);
-      mine.ready.store(round << 1 | (run->more ? 1 : 0), std::memory_order_release);
+      mine.ready[round % 2].store(round << 1 | (run->more ? 1 : 0), std::memory_order_release);
       ring_all();
       run->published = true;
     }
     if (!peers_ready(round, &more)) return false;
     unpack(job, run->step);
-    mine.done.store(round, std::memory_order_release);
-    ring_all();
     round_ = round;
     ++run->step;
     run->published = false;

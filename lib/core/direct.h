@@ -2,11 +2,13 @@
 // when every rank of a communicator is on one node, each rank maps every
 // peer's staging buffer and reads its peers' data straight from it, instead
 // of sending messages. An operation runs in rounds, each moving what fits in
-// the staging: every rank writes its part into its own staging and publishes
-// the round (ready), then reads what it needs from every peer's staging and
-// says so (done); nobody overwrites its staging for round r+1 before every
-// peer is done with round r. Reductions always combine ranks 0, 1, ..., n-1
-// in that order, so every rank ends with identical bits.
+// half the staging: every rank writes its part into its own staging and
+// publishes the round (ready), then reads what it needs from every peer's
+// staging. Rounds alternate between the two halves, so the only wait is for
+// the peers' ready: a rank writes round r+1 only after it saw every peer
+// publish round r, which each did only after reading round r-1, the last one
+// in that half. Reductions always combine ranks 0, 1, ..., n-1 in that
+// order, so every rank ends with identical bits.
 #pragma once
 
 #include <atomic>
@@ -86,7 +88,6 @@ class DirectState {
   Control& control(int rank) const;
   const std::byte* staging(int rank) const;
   std::byte* own_staging() const;
-  bool peers_done(uint64_t round) const;
   bool peers_ready(uint64_t round, bool* more) const;
   void ring_all() const;
   // Writes this rank's part of round `step` into its staging; returns whether
@@ -106,7 +107,8 @@ class DirectState {
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;
   std::atomic<shm::Doorbell*> bell_{nullptr};
-  // Rounds of this communicator completed by its direct ops (all ranks agree).
+  // Rounds of this communicator completed by its direct ops (all ranks agree;
+  // its parity picks the staging half).
   uint64_t round_ = 0;
   std::atomic<uint64_t> tickets_issued_{0};
   std::atomic<uint64_t> tickets_done_{0};
