@@ -39,6 +39,12 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_REDUCE_ISA", "",
      "Force the reduction kernels' instruction set: scalar, avx2 or avx512 (clamped to what the "
      "CPU has)."},
+    {"WEFT_SHM_BYTES", "4194304",
+     "Shared-memory staging per rank (bytes, at least 4096) for the direct algorithms when every "
+     "rank of a communicator is on one node; each such communicator reserves it in /dev/shm at "
+     "init, which fails naming /dev/shm when it does not fit."},
+    {"WEFT_SHM_DISABLE", "0",
+     "1: no shared memory; communicators on one node run only the message-based algorithms."},
 };
 }  // namespace
 

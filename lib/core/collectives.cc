@@ -116,6 +116,38 @@ reduce::Op reduce_op(weftRedOp_t op) {
   }
 }
 
+// A direct algorithm's job description, or why it cannot run here.
+Status prepare_direct(const Communicator& comm, const algo::Params& params,
+                      std::shared_ptr<const DirectCall>* out) {
+  const char* algorithm = algo::algorithm_name(params.algorithm);
+  const char* name = name_of(params.collective);
+  if (!algo::supports(params.algorithm, params.collective))
+    return Error(weftInvalidUsage, "%s: algorithm %s does not implement it", name, algorithm);
+  if (!comm.direct()->available())
+    return Error(weftInvalidUsage,
+                 "%s: algorithm %s needs every rank on one node with shared memory, but this "
+                 "communicator's ranks are on several nodes (or WEFT_SHM_DISABLE is set)",
+                 name, algorithm);
+  auto call = std::make_shared<DirectCall>();
+  call->collective = params.collective;
+  call->algorithm = params.algorithm;
+  call->count = params.count;
+  call->root = params.root;
+  if (params.collective == algo::Collective::AllToAllv) {
+    if (params.in_place) return Error(weftInvalidArgument, "alltoallv has no in-place form");
+    size_t n = static_cast<size_t>(params.nranks);
+    call->send_counts.assign(params.send_counts, params.send_counts + n);
+    call->send_displs.assign(params.send_displs, params.send_displs + n);
+    call->recv_counts.assign(params.recv_counts, params.recv_counts + n);
+    call->recv_displs.assign(params.recv_displs, params.recv_displs + n);
+    if (call->send_counts[params.rank] != call->recv_counts[params.rank])
+      return Error(weftInvalidArgument,
+                   "alltoallv: this rank's send and receive counts to itself differ");
+  }
+  *out = std::move(call);
+  return Status::Ok();
+}
+
 Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBatch& batch) {
   size_t element = dtype_size(call.dtype);
   WEFT_RETURN_IF_ERROR(validate(comm, call, element));
@@ -142,13 +174,20 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
 
   Job job;
   job.comm = &comm;
-  std::shared_ptr<const CompiledProgram> program;
-  if (call.collective == algo::Collective::AllToAllv)
-    WEFT_RETURN_IF_ERROR(build_program(params, &program));
-  else
-    WEFT_RETURN_IF_ERROR(comm.programs().get(params, &program));
-  job.program = program.get();
-  batch.programs.push_back(std::move(program));
+  if (algo::is_direct(plan.algorithm)) {
+    std::shared_ptr<const DirectCall> direct;
+    WEFT_RETURN_IF_ERROR(prepare_direct(comm, params, &direct));
+    job.direct = direct.get();
+    batch.directs.push_back(std::move(direct));
+  } else {
+    std::shared_ptr<const CompiledProgram> program;
+    if (call.collective == algo::Collective::AllToAllv)
+      WEFT_RETURN_IF_ERROR(build_program(params, &program));
+    else
+      WEFT_RETURN_IF_ERROR(comm.programs().get(params, &program));
+    job.program = program.get();
+    batch.programs.push_back(std::move(program));
+  }
   job.input = static_cast<std::byte*>(const_cast<void*>(call.send));
   job.output = static_cast<std::byte*>(call.recv);
   job.math.dtype = call.dtype;

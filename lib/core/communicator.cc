@@ -126,6 +126,12 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
       std::count_if(comm->peers_.begin(), comm->peers_.end(),
                     [&](const PeerInfo& p) { return p.host_hash == self.host_hash; });
   comm->oversubscribed_ = local_ranks > sysconf(_SC_NPROCESSORS_ONLN);
+  Bootstrap* bootstrap = comm->bootstrap_.get();
+  Deadline deadline = deadline_after_ms(comm->config_.timeout_ms);
+  WEFT_RETURN_IF_ERROR(comm->direct_->init(rank, nranks, local_ranks == nranks,
+                                           [&](const Blob& mine, std::vector<Blob>* all) {
+                                             return bootstrap->allgather(mine, all, deadline);
+                                           }));
   comm->p2p_send_sequence_.assign(nranks, 0);
   comm->p2p_recv_sequence_.assign(nranks, 0);
   WEFT_LOG(INFO, INIT, "communicator %s: rank %d of %d ready (timeout %lld ms)",
@@ -163,6 +169,7 @@ void Communicator::fail(weftResult_t code, const std::string& message) {
   WEFT_LOG(WARN, INIT, "rank %d: communicator failed: %s", rank_, message.c_str());
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
+  direct_->interrupt();
 }
 
 Status Communicator::post_send(int peer, TagKind kind, uint64_t sequence, const void* data,
@@ -317,7 +324,12 @@ Status complete_status(const PendingOp& op) {
   return status;
 }
 
-void ProgressLoop::idle(Deadline deadline) {
+void ProgressLoop::disarm() {
+  if (armed_ != nullptr) armed_->disarm();
+  armed_ = nullptr;
+}
+
+void ProgressLoop::idle(Deadline deadline, shm::Doorbell* bell, bool direct_waits) {
   Clock::time_point now = Clock::now();
   if (idle_since_ == Clock::time_point()) {
     idle_since_ = now;
@@ -331,6 +343,23 @@ void ProgressLoop::idle(Deadline deadline) {
     sched_yield();
     return;
   }
+  if (bell != nullptr) {
+    for (Communicator* comm : comms_)
+      if (!comm->arm()) return;  // transport events pending: progress again
+    if (armed_ != bell) {
+      disarm();
+      armed_seen_ = bell->arm();
+      armed_ = bell;
+      return;  // the caller looks once more, now that ringers will see us
+    }
+    // Short slices: the transports' events (which a futex does not see) may
+    // need this rank's progress; and timeouts are noticed even without a ring.
+    bell->wait(armed_seen_, remaining_ms(deadline, kDoorbellSliceMs));
+    disarm();
+    idle_since_ = Clock::time_point();
+    return;
+  }
+  disarm();
   for (Communicator* comm : comms_)
     if (!comm->arm()) return;  // events pending: progress again
   fds_.clear();
@@ -340,7 +369,7 @@ void ProgressLoop::idle(Deadline deadline) {
     fds_.push_back({comm->wake_fd(), POLLIN, 0});
   }
   // Bounded sleep: a missed wakeup costs at most this much latency, never a hang.
-  ::poll(fds_.data(), fds_.size(), remaining_ms(deadline, 100));
+  ::poll(fds_.data(), fds_.size(), remaining_ms(deadline, direct_waits ? 1 : 100));
   if (extra_fd_ >= 0 && (fds_[0].revents & POLLIN)) {
     uint64_t drained;
     (void)!read(extra_fd_, &drained, sizeof(drained));

@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "core/bootstrap.h"
+#include "core/direct.h"
 #include "core/layout.h"
 #include "core/program.h"
 #include "core/tuner.h"
@@ -76,6 +77,11 @@ class Communicator {
   const CommTopology& topology() const { return topology_; }
   // More ranks of this communicator on this node than cores: waits must not spin.
   bool oversubscribed() const { return oversubscribed_; }
+  // Every rank is on this node (by real host identity, whatever WEFT_TOPO_FILE
+  // says) and maps every peer's staging: direct algorithms can run.
+  bool has_shared_memory() const { return direct_->shared(); }
+  // The direct algorithms' state; available() is false when they cannot run.
+  DirectState* direct() const { return direct_.get(); }
 
   // Ok while the communicator can run operations; otherwise why not.
   Status usable() const;
@@ -152,6 +158,8 @@ class Communicator {
   std::string failed_message_;
   bool finalized_ = false;
   bool oversubscribed_ = false;
+  // Made before the bootstrap can report a failure (fail() interrupts it).
+  std::unique_ptr<DirectState> direct_ = std::make_unique<DirectState>();
   std::mutex transport_mutex_;
   std::atomic<int> pending_stream_ops_{0};
 };
@@ -164,12 +172,20 @@ class ProgressLoop {
   explicit ProgressLoop(std::span<Communicator* const> comms, int extra_fd = -1)
       : comms_(comms), extra_fd_(extra_fd) {}
   void set_comms(std::span<Communicator* const> comms) { comms_ = comms; }
+  ~ProgressLoop() { disarm(); }
   // Something completed: the next idle spell starts with spinning again.
-  void progressed() { idle_since_ = Clock::time_point(); }
+  void progressed() {
+    idle_since_ = Clock::time_point();
+    disarm();
+  }
   // Nothing was ready: spin for a few microseconds (unless the node is
   // oversubscribed), then yield the core for a while (peers may need it),
   // then sleep until an event, a failure, the extra fd or (at most) the deadline.
-  void idle(Deadline deadline);
+  // `bell`: only direct jobs wait, for their peers: sleep on this doorbell
+  // instead (its first call arms it and returns, so that the caller checks
+  // its work once more before sleeping). `direct_waits` without a bell:
+  // direct jobs and transfers both wait, so no sleep exceeds a millisecond.
+  void idle(Deadline deadline, shm::Doorbell* bell = nullptr, bool direct_waits = false);
   // Marks every communicator failed with a timeout naming `what`.
   Status timeout(int64_t timeout_ms, const std::string& what);
 
@@ -179,8 +195,12 @@ class ProgressLoop {
   Clock::time_point idle_since_;  // zero: not idle
   bool pure_spin_ = true;
   std::vector<struct pollfd> fds_;
+  shm::Doorbell* armed_ = nullptr;  // announced as a sleeper there
+  uint32_t armed_seen_ = 0;
+  void disarm();
   static constexpr auto kPureSpin = std::chrono::microseconds(5);
   static constexpr auto kYieldSpin = std::chrono::microseconds(50);
+  static constexpr int kDoorbellSliceMs = 10;
 };
 
 // The outcome of a completed op (transfer errors, size mismatches); a

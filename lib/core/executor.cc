@@ -36,6 +36,8 @@ void JobRunner::start(std::span<Job> jobs) {
   in_flight_.clear();
   comms_.clear();
   unfinished_jobs_ = 0;
+  direct_bell_ = nullptr;
+  has_transfers_ = false;
   timeout_ms_ = INT64_MAX;
 
   // One buffer for every job's scratch and staged input.
@@ -66,7 +68,11 @@ void JobRunner::start(std::span<Job> jobs) {
           job.math.premul_source != nullptr ? job.math.premul_source : job.math.premul_value;
       reduce::scale(job.math.dtype, state.staged_input, job.input, scalar, job.math.premul_count);
     }
-    if (job.program == nullptr) {
+    has_transfers_ = has_transfers_ || job.direct == nullptr;
+    if (job.direct != nullptr) {
+      state.total = 1;
+      state.direct = DirectRun{job.direct_ticket};
+    } else if (job.program == nullptr) {
       state.total = 1;
       push_ready(j, 0);
     } else {
@@ -147,6 +153,9 @@ void JobRunner::abandon() {
 
 std::string JobRunner::describe_waits() const {
   std::string what;
+  for (size_t j = 0; j < jobs_.size(); ++j)
+    if (jobs_[j].direct != nullptr && states_[j].completed != states_[j].total)
+      what = jobs_[j].comm->direct()->describe(states_[j].direct);
   for (const InFlight& entry : in_flight_) {
     if (what.size() > 200) {
       what += ", ...";
@@ -185,7 +194,23 @@ Status JobRunner::advance(bool* progressed) {
     }
   }
 
-  for (Communicator* comm : comms_) comm->progress();
+  direct_bell_ = nullptr;
+  for (size_t j = 0; j < jobs_.size(); ++j) {
+    JobState& state = states_[j];
+    const Job& job = jobs_[j];
+    if (job.direct == nullptr || state.total == 0 || state.completed == state.total) continue;
+    const std::byte* input = state.staged_input != nullptr ? state.staged_input : job.input;
+    if (job.comm->direct()->advance(job, input, &state.direct, progressed))
+      complete_step(j, 0);
+    else
+      direct_bell_ = job.comm->direct()->doorbell();
+  }
+
+  // Direct jobs skip the transports' cost while they move, but a blocked one
+  // progresses them: a peer's earlier transfer may still need this rank's
+  // part of the protocol (an acknowledgement) to complete.
+  if (!in_flight_.empty() || has_transfers_ || direct_bell_ != nullptr)
+    for (Communicator* comm : comms_) comm->progress();
   for (size_t i = 0; i < in_flight_.size();) {
     InFlight& entry = in_flight_[i];
     if (!entry.op.request->done.load(std::memory_order_acquire)) {
@@ -230,7 +255,13 @@ Status JobRunner::advance(bool* progressed) {
   return Status::Ok();
 }
 
+void assign_direct_tickets(std::span<Job> jobs) {
+  for (Job& job : jobs)
+    if (job.direct != nullptr) job.direct_ticket = job.comm->direct()->issue_ticket();
+}
+
 Status run_jobs(std::span<Job> jobs) {
+  assign_direct_tickets(jobs);
   // Reused by the calling thread, so a blocking call does not allocate.
   thread_local JobRunner runner;
   runner.start(jobs);
@@ -250,7 +281,7 @@ Status run_jobs(std::span<Job> jobs) {
       runner.abandon();
       return status;
     }
-    loop.idle(deadline);
+    loop.idle(deadline, runner.doorbell(), runner.direct_waiting());
   }
   return Status::Ok();
 }

@@ -15,6 +15,7 @@
 #include "algorithms/schedule.h"
 #include "common/status.h"
 #include "core/communicator.h"
+#include "core/direct.h"
 #include "core/program.h"
 #include "core/reduce/reduce.h"
 
@@ -48,15 +49,22 @@ struct Job {
   TagKind tag_kind = TagKind::Collective;
   // Tag sequence of message k with a peer: sequence_base + k (set at launch).
   uint64_t sequence_base = 0;
+  // A direct (shared-memory) collective, run by the communicator's direct
+  // state instead of a program.
+  const DirectCall* direct = nullptr;
+  // Its place among the communicator's direct ops (set at launch).
+  uint64_t direct_ticket = 0;
 };
 
 // Jobs about to run together, with the programs they use kept alive.
 struct JobBatch {
   std::vector<Job> jobs;
   std::vector<std::shared_ptr<const CompiledProgram>> programs;
+  std::vector<std::shared_ptr<const DirectCall>> directs;
   void clear() {
     jobs.clear();
     programs.clear();
+    directs.clear();
   }
 };
 
@@ -76,6 +84,11 @@ class JobRunner {
   const std::vector<Communicator*>& comms() const { return comms_; }
   int64_t timeout_ms() const { return timeout_ms_; }
   std::string describe_waits() const;
+  // When the last advance found only direct jobs waiting for their peers (no
+  // transfer in flight): the doorbell those peers ring, to sleep on.
+  shm::Doorbell* doorbell() const { return in_flight_.empty() ? direct_bell_ : nullptr; }
+  // Whether direct jobs wait for peers (nothing but the doorbell announces them).
+  bool direct_waiting() const { return direct_bell_ != nullptr; }
 
  private:
   struct JobState {
@@ -85,6 +98,7 @@ class JobRunner {
     uint32_t total = 0;
     std::byte* scratch = nullptr;
     std::byte* staged_input = nullptr;  // pre-multiplied input, if any
+    DirectRun direct;
   };
   struct InFlight {
     uint32_t job;
@@ -105,10 +119,16 @@ class JobRunner {
   std::vector<Communicator*> comms_;
   int64_t timeout_ms_ = 0;
   uint32_t unfinished_jobs_ = 0;
+  shm::Doorbell* direct_bell_ = nullptr;
+  bool has_transfers_ = false;  // some job is not direct
   // Scratch and staging for all jobs of a run, kept across runs.
   std::unique_ptr<std::byte[]> buffer_;
   size_t buffer_bytes_ = 0;
 };
+
+// Numbers the direct jobs in launch order (the order they run in on every
+// rank, whichever thread starts them): call when a batch is launched.
+void assign_direct_tickets(std::span<Job> jobs);
 
 // Runs every job to completion in the calling thread. Fails when any
 // communicator fails or nothing completes within the strictest timeout.

@@ -51,6 +51,7 @@ void StreamEngine::ensure_thread() {
 void StreamEngine::wake() {
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
+  if (shm::Doorbell* bell = sleeping_bell_.load()) bell->interrupt();
 }
 
 void StreamEngine::add_stream(Stream* stream) {
@@ -71,6 +72,7 @@ void StreamEngine::enqueue_jobs(Stream* stream, JobBatch batch) {
   op->kind = Stream::Op::Kind::Jobs;
   op->stream = stream;
   op->batch = std::move(batch);
+  assign_direct_tickets(op->batch.jobs);
   for (const Job& job : op->batch.jobs) job.comm->pending_stream_ops().fetch_add(1);
   std::lock_guard<std::mutex> lock(mutex_);
   stream->queue_.push_back(std::move(op));
@@ -196,6 +198,7 @@ void StreamEngine::run() {
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      sleeping_bell_.store(nullptr);  // before any op can finish and its comm go away
       if (stopping_) return;
       collect_heads(&active);
     }
@@ -232,13 +235,30 @@ void StreamEngine::run() {
     }
     comms.clear();
     Deadline nearest = active.front()->deadline;
+    // Sleep on a doorbell only when every active op waits for direct peers.
+    shm::Doorbell* bell = active.front()->runner->doorbell();
+    bool direct_waits = false;
     for (Stream::Op* op : active) {
       nearest = std::min(nearest, op->deadline);
+      if (op->runner->doorbell() == nullptr) bell = nullptr;
+      direct_waits = direct_waits || op->runner->direct_waiting();
       for (Communicator* comm : op->runner->comms())
         if (std::find(comms.begin(), comms.end(), comm) == comms.end()) comms.push_back(comm);
     }
     loop.set_comms(comms);
-    loop.idle(nearest);
+    if (bell != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sleeping_bell_.store(bell);
+      // Work queued since the heads were collected wrote wake_fd_ before
+      // it could see the bell: look again instead of sleeping.
+      pollfd wake{wake_fd_, POLLIN, 0};
+      if (poll(&wake, 1, 0) > 0) {
+        uint64_t drained;
+        (void)!read(wake_fd_, &drained, sizeof(drained));
+        continue;
+      }
+    }
+    loop.idle(nearest, bell, direct_waits);
   }
 }
 

@@ -85,6 +85,9 @@ class StreamEngine {
   std::vector<Stream*> streams_;
   std::thread thread_;
   int wake_fd_ = -1;
+  // Set (under mutex_) while the thread may sleep on a direct doorbell
+  // instead of wake_fd_: wake() rings it too.
+  std::atomic<shm::Doorbell*> sleeping_bell_{nullptr};
   bool stopping_ = false;
 };
 

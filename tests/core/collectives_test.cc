@@ -302,8 +302,7 @@ std::vector<weftComm_t> algorithm_variants(weftComm_t comm, int rank, int* varia
   std::vector<std::vector<algo::Algorithm>> per_collective(algo::kNumCollectives);
   for (int c = 0; c < algo::kNumCollectives; ++c) {
     for (int a = 0; a < algo::kNumAlgorithms; ++a)
-      if (algo::supports(static_cast<algo::Algorithm>(a), static_cast<Collective>(c)) &&
-          !algo::is_direct(static_cast<algo::Algorithm>(a)))
+      if (algo::supports(static_cast<algo::Algorithm>(a), static_cast<Collective>(c)))
         per_collective[c].push_back(static_cast<algo::Algorithm>(a));
     *variants = std::max(*variants, static_cast<int>(per_collective[c].size()));
   }

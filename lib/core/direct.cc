@@ -1,0 +1,322 @@
+#include "core/direct.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "core/executor.h"
+
+namespace weft {
+
+namespace {
+
+constexpr size_t kLine = 64;
+constexpr int64_t kDefaultStagingBytes = 4 << 20;
+constexpr int64_t kMinStagingBytes = 4096;
+
+size_t round_up(size_t bytes, size_t to) {
+  return (bytes + to - 1) / to * to;
+}
+
+void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
+  if (bytes != 0 && dst != src) memcpy(dst, src, bytes);
+}
+
+std::vector<uint8_t> to_blob(char kind, const std::string& text) {
+  std::vector<uint8_t> blob(text.size() + 1);
+  blob[0] = static_cast<uint8_t>(kind);
+  if (!text.empty()) memcpy(blob.data() + 1, text.data(), text.size());
+  return blob;
+}
+
+// Gathers every rank's outcome of a setup stage; fails on every rank if any failed.
+Status agree(const DirectState::AllGather& allgather, const Status& mine,
+             const std::string& payload, std::vector<std::string>* payloads) {
+  std::vector<std::vector<uint8_t>> all;
+  WEFT_RETURN_IF_ERROR(
+      allgather(mine.ok() ? to_blob('+', payload) : to_blob('-', mine.message()), &all));
+  payloads->clear();
+  for (size_t q = 0; q < all.size(); ++q) {
+    std::string text(all[q].begin() + (all[q].empty() ? 0 : 1), all[q].end());
+    if (all[q].empty() || all[q][0] != '+') {
+      if (!mine.ok()) return mine;
+      return Error(weftSystemError, "shared memory: rank %zu failed: %s", q, text.c_str());
+    }
+    payloads->push_back(std::move(text));
+  }
+  return Status::Ok();
+}
+
+bool has_slots(algo::Collective collective) {
+  return collective == algo::Collective::ReduceScatter ||
+         collective == algo::Collective::AllToAll || collective == algo::Collective::AllToAllv;
+}
+
+uint64_t ceil_div(uint64_t a, uint64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Elements of a piece of `total` that fall in round `step` of `per_round`.
+uint64_t piece(uint64_t total, uint64_t step, uint64_t per_round) {
+  uint64_t begin = step * per_round;
+  return begin >= total ? 0 : std::min(per_round, total - begin);
+}
+
+}  // namespace
+
+// Each rank's segment starts with its control block; its staging follows.
+// Fields that different ranks write sit on different cache lines.
+struct DirectState::Control {
+  // Per staging half: (last round published in it << 1) | whether this rank
+  // needs another round. A peer one round ahead publishes in the other half,
+  // so the round being read keeps its `more` bit.
+  alignas(kLine) std::atomic<uint64_t> ready[2] = {0, 0};
+  alignas(kLine) shm::Doorbell bell;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+constexpr size_t kControlBytes = 256;  // keeps the staging well aligned
+static_assert(sizeof(DirectState::Control) <= kControlBytes);
+
+DirectState::~DirectState() = default;
+
+Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& allgather) {
+  rank_ = rank;
+  nranks_ = nranks;
+  if (nranks > 1 && !same_node) return Status::Ok();
+  if (nranks > 1 && env_int("WEFT_SHM_DISABLE", 0) != 0) {
+    WEFT_LOG(INFO, INIT, "shared memory disabled by WEFT_SHM_DISABLE");
+    return Status::Ok();
+  }
+  int64_t requested = env_int("WEFT_SHM_BYTES", kDefaultStagingBytes);
+  if (requested < kMinStagingBytes)
+    return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%lld is below the minimum of %lld bytes",
+                 static_cast<long long>(requested), static_cast<long long>(kMinStagingBytes));
+  // Two halves, each with a slot per peer of at least a cache line.
+  staging_bytes_ = round_up(std::max<size_t>(requested, 2 * nranks * kLine), 2 * kLine);
+  size_t total = kControlBytes + staging_bytes_;
+
+  std::vector<shm::Segment> segments(nranks);
+  if (nranks == 1) {
+    WEFT_RETURN_IF_ERROR(shm::Segment::anonymous(total, &segments[0]));
+    new (segments[0].data()) Control();
+  } else {
+    // Stage 1: create, and learn the peers' names (every rank takes part even
+    // after a failure, so that no peer waits for it).
+    Status created = shm::Segment::create("weft", total, &segments[rank]);
+    if (created.ok()) new (segments[rank].data()) Control();
+    std::vector<std::string> names;
+    WEFT_RETURN_IF_ERROR(agree(allgather, created, segments[rank].name(), &names));
+    // Stage 2: attach to every peer; then nobody needs the names any more.
+    Status opened;
+    for (int q = 0; q < nranks && opened.ok(); ++q)
+      if (q != rank) opened = shm::Segment::open(names[q], total, &segments[q]);
+    std::vector<std::string> ignored;
+    Status attached = agree(allgather, opened, "", &ignored);
+    // Unlink every name (ENOENT is fine): a segment whose creator died
+    // between the stages is still removed by the survivors.
+    for (const std::string& name : names) shm::Segment::unlink_name(name);
+    segments[rank].unlink();
+    WEFT_RETURN_IF_ERROR(attached);
+  }
+  segments_ = std::move(segments);
+  for (const shm::Segment& segment : segments_)
+    controls_.push_back(reinterpret_cast<Control*>(segment.data()));
+  bell_.store(&controls_[rank]->bell, std::memory_order_release);
+  WEFT_LOG(INFO, INIT, "rank %d: direct algorithms over %zu bytes of staging per rank%s", rank,
+           staging_bytes_, nranks > 1 ? " in /dev/shm" : "");
+  return Status::Ok();
+}
+
+DirectState::Control& DirectState::control(int rank) const {
+  return *controls_[rank];
+}
+
+// The half of `rank`'s staging that the round in progress uses.
+const std::byte* DirectState::staging(int rank) const {
+  return segments_[rank].data() + kControlBytes + ((round_ + 1) % 2) * (staging_bytes_ / 2);
+}
+
+std::byte* DirectState::own_staging() const {
+  return const_cast<std::byte*>(staging(rank_));
+}
+
+void DirectState::interrupt() {
+  if (shm::Doorbell* bell = doorbell()) bell->interrupt();
+}
+
+void DirectState::ring_all() const {
+  for (Control* peer : controls_) peer->bell.ring();
+}
+
+bool DirectState::peers_ready(uint64_t round, bool* more) const {
+  *more = false;
+  for (Control* peer : controls_) {
+    uint64_t ready = peer->ready[round % 2].load(std::memory_order_acquire);
+    if ((ready >> 1) < round) return false;
+    *more = *more || (ready & 1) != 0;
+  }
+  return true;
+}
+
+uint64_t DirectState::slot_elements(const Job& job) const {
+  size_t slots = has_slots(job.direct->collective) ? nranks_ : 1;
+  return staging_bytes_ / 2 / (slots * job.math.element_size);
+}
+
+uint64_t DirectState::rounds(const Job& job) const {
+  const DirectCall& call = *job.direct;
+  uint64_t per_round = slot_elements(job);
+  if (call.collective != algo::Collective::AllToAllv) {
+    uint64_t chunks = ceil_div(call.count, per_round);
+    return call.algorithm == algo::Algorithm::TwoShot ? 2 * chunks : chunks;
+  }
+  // Counts differ per rank: run as long as any rank needs (at least one round).
+  uint64_t largest = 1;
+  for (int q = 0; q < nranks_; ++q)
+    largest = std::max({largest, call.send_counts[q], call.recv_counts[q]});
+  return ceil_div(largest, per_round);
+}
+
+void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offset_bytes,
+                             uint64_t count) const {
+  if (count == 0) return;
+  const JobMath& math = job.math;
+  if (nranks_ == 1) {
+    copy_bytes(dst, staging(0) + offset_bytes, count * math.element_size);
+    return;
+  }
+  reduce::apply(math.dtype, math.op, dst, staging(0) + offset_bytes, staging(1) + offset_bytes,
+                count);
+  for (int q = 2; q < nranks_; ++q)
+    reduce::apply(math.dtype, math.op, dst, dst, staging(q) + offset_bytes, count);
+}
+
+bool DirectState::pack(const Job& job, const std::byte* input, uint64_t step) const {
+  const DirectCall& call = *job.direct;
+  const size_t e = job.math.element_size;
+  const uint64_t per_round = slot_elements(job);
+  std::byte* mine = own_staging();
+  bool two_shot = call.algorithm == algo::Algorithm::TwoShot;
+  uint64_t chunk = two_shot ? step / 2 : step;
+  uint64_t begin = chunk * per_round, length = piece(call.count, chunk, per_round);
+  switch (call.collective) {
+    case algo::Collective::AllReduce:
+      if (two_shot && step % 2 == 1) {
+        // Second half: publish this rank's reduced slice.
+        uint64_t slice_begin = length * rank_ / nranks_;
+        uint64_t slice_end = length * (rank_ + 1) / nranks_;
+        copy_bytes(mine + slice_begin * e, job.output + (begin + slice_begin) * e,
+                   (slice_end - slice_begin) * e);
+        break;
+      }
+      [[fallthrough]];
+    case algo::Collective::Reduce:
+    case algo::Collective::AllGather:
+      copy_bytes(mine, input + begin * e, length * e);
+      break;
+    case algo::Collective::Broadcast:
+      if (rank_ == call.root) copy_bytes(mine, input + begin * e, length * e);
+      break;
+    case algo::Collective::ReduceScatter:
+    case algo::Collective::AllToAll:
+      for (int p = 0; p < nranks_; ++p)
+        copy_bytes(mine + p * per_round * e, input + (p * call.count + begin) * e, length * e);
+      break;
+    case algo::Collective::AllToAllv:
+      for (int p = 0; p < nranks_; ++p)
+        copy_bytes(mine + p * per_round * e, input + (call.send_displs[p] + step * per_round) * e,
+                   piece(call.send_counts[p], step, per_round) * e);
+      break;
+    default:
+      break;
+  }
+  return step + 1 < rounds(job);
+}
+
+void DirectState::unpack(const Job& job, uint64_t step) const {
+  const DirectCall& call = *job.direct;
+  const size_t e = job.math.element_size;
+  const uint64_t per_round = slot_elements(job);
+  bool two_shot = call.algorithm == algo::Algorithm::TwoShot;
+  uint64_t chunk = two_shot ? step / 2 : step;
+  uint64_t begin = chunk * per_round, length = piece(call.count, chunk, per_round);
+  std::byte* out = job.output;
+  switch (call.collective) {
+    case algo::Collective::AllReduce:
+      if (two_shot) {
+        for (int q = 0; q < nranks_; ++q) {
+          uint64_t slice_begin = length * q / nranks_, slice_end = length * (q + 1) / nranks_;
+          size_t offset = slice_begin * e;
+          if (step % 2 == 0 && q == rank_)  // first half: reduce this rank's slice
+            reduce_all(job, out + begin * e + offset, offset, slice_end - slice_begin);
+          else if (step % 2 == 1 && q != rank_)  // second half: gather the others'
+            copy_bytes(out + begin * e + offset, staging(q) + offset,
+                       (slice_end - slice_begin) * e);
+        }
+        break;
+      }
+      reduce_all(job, out + begin * e, 0, length);
+      break;
+    case algo::Collective::Reduce:
+      if (rank_ == call.root) reduce_all(job, out + begin * e, 0, length);
+      break;
+    case algo::Collective::ReduceScatter:
+      reduce_all(job, out + begin * e, rank_ * per_round * e, length);
+      break;
+    case algo::Collective::AllGather:
+      for (int q = 0; q < nranks_; ++q)
+        copy_bytes(out + (q * call.count + begin) * e, staging(q), length * e);
+      break;
+    case algo::Collective::Broadcast:
+      // The root's own output already holds the data when the call is in place.
+      copy_bytes(out + begin * e, staging(call.root), length * e);
+      break;
+    case algo::Collective::AllToAll:
+      for (int q = 0; q < nranks_; ++q)
+        copy_bytes(out + (q * call.count + begin) * e, staging(q) + rank_ * per_round * e,
+                   length * e);
+      break;
+    case algo::Collective::AllToAllv:
+      for (int q = 0; q < nranks_; ++q)
+        copy_bytes(out + (call.recv_displs[q] + step * per_round) * e,
+                   staging(q) + rank_ * per_round * e,
+                   piece(call.recv_counts[q], step, per_round) * e);
+      break;
+    default:
+      break;
+  }
+}
+
+bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run,
+                          bool* progressed) {
+  if (tickets_done_.load(std::memory_order_acquire) != run->ticket) return false;
+  Control& mine = control(rank_);
+  // Ranks agree on whether an op has rounds at all; then it runs until no
+  // rank needs another one.
+  bool more = rounds(job) > 0;
+  while (more) {
+    uint64_t round = round_ + 1;
+    if (!run->published) {
+      run->more = pack(job, input, run->step);
+      mine.ready[round % 2].store(round << 1 | (run->more ? 1 : 0), std::memory_order_release);
+      ring_all();
+      run->published = true;
+    }
+    if (!peers_ready(round, &more)) return false;
+    unpack(job, run->step);
+    round_ = round;
+    ++run->step;
+    run->published = false;
+    *progressed = true;
+  }
+  tickets_done_.fetch_add(1, std::memory_order_release);
+  mine.bell.ring();  // a later op of this communicator may sleep in another thread
+  return true;
+}
+
+std::string DirectState::describe(const DirectRun& run) const {
+  return "direct round " + std::to_string(run.step) + " with the ranks of this node";
+}
+
+}  // namespace weft

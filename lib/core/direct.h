@@ -1,0 +1,117 @@
+// Direct collectives over shared memory (algorithms OneShot and TwoShot):
+// when every rank of a communicator is on one node, each rank maps every
+// peer's staging buffer and reads its peers' data straight from it, instead
+// of sending messages. An operation runs in rounds, each moving what fits in
+// half the staging: every rank writes its part into its own staging and
+// publishes the round (ready), then reads what it needs from every peer's
+// staging. Rounds alternate between the two halves, so the only wait is for
+// the peers' ready: a rank writes round r+1 only after it saw every peer
+// publish round r, which each did only after reading round r-1, the last one
+// in that half. Reductions always combine ranks 0, 1, ..., n-1 in that
+// order, so every rank ends with identical bits.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/schedule.h"
+#include "common/status.h"
+#include "transports/shm/shm.h"
+
+namespace weft {
+
+struct Job;
+
+// What a direct job computes (copied from the call, so that a job queued on a
+// stream does not depend on the caller's count arrays).
+struct DirectCall {
+  algo::Collective collective = algo::Collective::AllReduce;
+  algo::Algorithm algorithm = algo::Algorithm::OneShot;
+  uint64_t count = 0;
+  int root = 0;
+  // AllToAllv only, in elements, one entry per peer.
+  std::vector<uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+};
+
+// Where one direct job stands.
+struct DirectRun {
+  uint64_t ticket = 0;     // this communicator's direct ops run in ticket order
+  uint64_t step = 0;       // rounds of this job completed
+  bool published = false;  // this round's staging is written, peers' not read yet
+  bool more = false;       // this rank needs a round after the current one
+};
+
+class DirectState {
+ public:
+  // A gathering of one blob per rank over the bootstrap (collective).
+  using AllGather =
+      std::function<Status(const std::vector<uint8_t>&, std::vector<std::vector<uint8_t>>*)>;
+
+  DirectState() = default;
+  ~DirectState();
+  DirectState(const DirectState&) = delete;
+  DirectState& operator=(const DirectState&) = delete;
+
+  // Collective over the communicator. `same_node`: every rank runs on this
+  // node. A communicator of one gets private memory; ranks on several nodes,
+  // or WEFT_SHM_DISABLE=1, get no direct state (available() is false). A
+  // segment that cannot be created or mapped on any rank fails every rank.
+  Status init(int rank, int nranks, bool same_node, const AllGather& allgather);
+
+  // Direct algorithms can run (one rank, or shared memory with every peer).
+  bool available() const { return !segments_.empty(); }
+  // The peers' memory is mapped here (more than one rank on this node).
+  bool shared() const { return available() && nranks_ > 1; }
+  size_t staging_bytes() const { return staging_bytes_; }
+
+  // Called when a job is launched: its place in the communicator's order.
+  uint64_t issue_ticket() { return tickets_issued_++; }
+  // Moves the job as far as it can without waiting. Returns true once it is
+  // complete; *progressed says whether a round completed. `input` is the job's
+  // input or its pre-multiplied staging.
+  bool advance(const Job& job, const std::byte* input, DirectRun* run, bool* progressed);
+  std::string describe(const DirectRun& run) const;
+
+  // This rank's doorbell: peers ring it after publishing.
+  shm::Doorbell* doorbell() { return bell_.load(std::memory_order_acquire); }
+  // Wakes this rank's sleepers (a failure, new work) whatever they wait for.
+  void interrupt();
+
+  struct Control;  // in shared memory, at the start of each rank's segment
+
+ private:
+  Control& control(int rank) const;
+  const std::byte* staging(int rank) const;
+  std::byte* own_staging() const;
+  bool peers_ready(uint64_t round, bool* more) const;
+  void ring_all() const;
+  // Writes this rank's part of round `step` into its staging; returns whether
+  // this rank needs another round after it.
+  bool pack(const Job& job, const std::byte* input, uint64_t step) const;
+  // Reads the peers' parts of round `step` into the output.
+  void unpack(const Job& job, uint64_t step) const;
+  // The job's rounds as this rank sees them (0: none at all).
+  uint64_t rounds(const Job& job) const;
+  // Elements per staging slot.
+  uint64_t slot_elements(const Job& job) const;
+  void reduce_all(const Job& job, std::byte* dst, size_t offset_bytes, uint64_t count) const;
+
+  int rank_ = 0;
+  int nranks_ = 0;
+  size_t staging_bytes_ = 0;
+  std::vector<shm::Segment> segments_;  // by rank; own included
+  std::vector<Control*> controls_;
+  std::atomic<shm::Doorbell*> bell_{nullptr};
+  // Rounds of this communicator completed by its direct ops (all ranks agree;
+  // its parity picks the staging half).
+  uint64_t round_ = 0;
+  std::atomic<uint64_t> tickets_issued_{0};
+  std::atomic<uint64_t> tickets_done_{0};
+};
+
+}  // namespace weft

@@ -1,0 +1,148 @@
+#include "transports/shm/shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+namespace weft::shm {
+
+namespace {
+
+constexpr const char* kShmDir = "/dev/shm";
+
+std::string unique_name(const std::string& prefix) {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device random;
+  char name[96];
+  snprintf(name, sizeof(name), "/%s-%d-%llx-%08x", prefix.c_str(), static_cast<int>(getpid()),
+           static_cast<unsigned long long>(counter.fetch_add(1)), random());
+  return name;
+}
+
+Status no_room(const std::string& name, size_t bytes, int error) {
+  struct statvfs fs {};
+  std::string free_text = "unknown";
+  if (statvfs(kShmDir, &fs) == 0)
+    free_text = std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize);
+  return Error(weftSystemError,
+               "cannot reserve %zu bytes of shared memory in %s for %s (%s; %s bytes free): "
+               "enlarge %s (e.g. docker --shm-size), lower WEFT_SHM_BYTES or set "
+               "WEFT_SHM_DISABLE=1",
+               bytes, kShmDir, name.c_str(), strerror(error), free_text.c_str(), kShmDir);
+}
+
+Status map(int fd, size_t bytes, const std::string& name, std::byte** out) {
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED)
+    return Error(weftSystemError, "mmap of %s%s (%zu bytes) failed: %s", kShmDir, name.c_str(),
+                 bytes, strerror(errno));
+  *out = static_cast<std::byte*>(data);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Segment& Segment::operator=(Segment&& other) noexcept {
+  if (this != &other) {
+    this->~Segment();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    name_ = std::move(other.name_);
+    linked_ = std::exchange(other.linked_, false);
+  }
+  return *this;
+}
+
+Segment::~Segment() {
+  unlink();
+  if (data_ != nullptr) munmap(data_, size_);
+  data_ = nullptr;
+}
+
+Status Segment::create(const std::string& prefix, size_t bytes, Segment* out) {
+  std::string name = unique_name(prefix);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return Error(weftSystemError, "shm_open(%s) in %s failed: %s", name.c_str(), kShmDir,
+                 strerror(errno));
+  Segment segment;
+  segment.name_ = name;
+  segment.linked_ = true;  // from here on, every error path unlinks (the destructor)
+  segment.size_ = bytes;
+  // posix_fallocate commits the pages now; ftruncate alone would leave a hole
+  // that faults with SIGBUS when tmpfs runs out later.
+  // A request beyond what is free fails before committing any page.
+  struct statvfs fs {};
+  int error = statvfs(kShmDir, &fs) == 0 && bytes > fs.f_bavail * fs.f_frsize
+                  ? ENOSPC
+                  : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  Status status = error == 0 ? map(fd, bytes, name, &segment.data_) : no_room(name, bytes, error);
+  close(fd);
+  if (!status.ok()) {
+    segment.size_ = 0;
+    return status;
+  }
+  *out = std::move(segment);
+  return Status::Ok();
+}
+
+Status Segment::open(const std::string& name, size_t bytes, Segment* out) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0)
+    return Error(weftSystemError, "shm_open(%s) in %s failed: %s (is the peer on this node?)",
+                 name.c_str(), kShmDir, strerror(errno));
+  struct stat info {};
+  Status status;
+  if (fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) != bytes)
+    status = Error(weftSystemError, "%s%s is %lld bytes, expected %zu", kShmDir, name.c_str(),
+                   static_cast<long long>(info.st_size), bytes);
+  Segment segment;
+  if (status.ok()) status = map(fd, bytes, name, &segment.data_);
+  close(fd);
+  WEFT_RETURN_IF_ERROR(status);
+  segment.size_ = bytes;
+  segment.name_ = name;
+  *out = std::move(segment);
+  return Status::Ok();
+}
+
+Status Segment::anonymous(size_t bytes, Segment* out) {
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED)
+    return Error(weftSystemError, "mmap of %zu bytes failed: %s", bytes, strerror(errno));
+  Segment segment;
+  segment.data_ = static_cast<std::byte*>(data);
+  segment.size_ = bytes;
+  *out = std::move(segment);
+  return Status::Ok();
+}
+
+void Segment::unlink_name(const std::string& name) {
+  shm_unlink(name.c_str());
+}
+
+void Segment::unlink() {
+  if (linked_) unlink_name(name_);
+  linked_ = false;
+}
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, int timeout_ms) {
+  struct timespec timeout {
+    timeout_ms / 1000, (timeout_ms % 1000) * 1000000L
+  };
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &timeout, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace weft::shm
