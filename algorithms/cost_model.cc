@@ -43,11 +43,11 @@ double direct_time(const Params& params, uint64_t element_size, const CostNetwor
     const double staged = params.collective == Collective::AllToAllv
                               ? piece * n
                               : static_cast<double>(input_count(mine) * element_size);
-    staging = std::max(staging, network.memory.time_us(staged));
+    staging = std::max(staging, network.memory.latency_us + network.direct.transfer_us(staged));
     double reads = 0;
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      const LinkTime& link = network.link(p, r);
+      const LinkTime& link = network.direct;
       double bytes = piece;  // per peer: its contribution to this rank's output
       if (params.collective == Collective::Broadcast) bytes = p == params.root ? piece : 0;
       if (params.collective == Collective::Reduce && r != params.root) bytes = 0;

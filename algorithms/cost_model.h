@@ -30,6 +30,9 @@ struct CostNetwork {
   std::vector<LinkTime> classes;           // indexed by the values of pair_class
   std::vector<uint8_t> pair_class;         // [from * nranks + to]; empty: class 0 between all pairs
   LinkTime memory{0.05, 10};               // Reduce and Copy steps: per-step overhead, throughput
+  // Direct algorithms: one synchronisation through the node's shared memory
+  // (latency) and the copies into and reads from staging (throughput).
+  LinkTime direct{0.2, 20};
   uint64_t max_steps = uint64_t{4} << 20;  // programs larger in all are refused (memory)
 
   const LinkTime& link(int from, int to) const {

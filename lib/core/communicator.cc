@@ -120,8 +120,6 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
     places[peer] = topo::RankPlace{info.host_hash, info.package, info.numa, -1};
   }
   WEFT_RETURN_IF_ERROR(comm_topology(std::move(places), &comm->topology_));
-  // No direct (shared-memory) algorithms until the executor runs them.
-  comm->tuner_ = std::make_unique<Tuner>(tune_context(comm->topology_, false, comm->overrides_));
   long local_ranks =
       std::count_if(comm->peers_.begin(), comm->peers_.end(),
                     [&](const PeerInfo& p) { return p.host_hash == self.host_hash; });
@@ -132,6 +130,8 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
                                            [&](const Blob& mine, std::vector<Blob>* all) {
                                              return bootstrap->allgather(mine, all, deadline);
                                            }));
+  comm->tuner_ = std::make_unique<Tuner>(
+      tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_));
   comm->p2p_send_sequence_.assign(nranks, 0);
   comm->p2p_recv_sequence_.assign(nranks, 0);
   WEFT_LOG(INFO, INIT, "communicator %s: rank %d of %d ready (timeout %lld ms)",
