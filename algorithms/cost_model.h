@@ -27,9 +27,9 @@ struct LinkTime {
 
 struct CostNetwork {
   int nranks = 1;
-  std::vector<LinkTime> classes;           // indexed by the values of pair_class
-  std::vector<uint8_t> pair_class;         // [from * nranks + to]; empty: class 0 between all pairs
-  LinkTime memory{0.05, 10};               // Reduce and Copy steps: per-step overhead, throughput
+  std::vector<LinkTime> classes;    // indexed by the values of pair_class
+  std::vector<uint8_t> pair_class;  // [from * nranks + to]; empty: class 0 between all pairs
+  LinkTime memory{0.05, 10};        // Reduce and Copy steps: per-step overhead, throughput
   // Direct algorithms: one synchronisation through the node's shared memory
   // (latency) and the copies into and reads from staging (throughput).
   LinkTime direct{0.2, 20};
