@@ -288,6 +288,27 @@ TEST(WeftPerfRun, NoCheckAndForcedAlgorithmAreReported) {
   EXPECT_EQ(rows[0].placement[1].wrong, std::nullopt);
 }
 
+// WEFT_ALGO size ranges reach the library, and every collective row is
+// followed by the algorithm the communicator reports (weftCommLastAlgorithm).
+TEST(WeftPerfRun, RowsNameTheAlgorithmOfTheirSizeRange) {
+  Outcome o = run_perf(2, {"allreduce", "-b", "64", "-e", "64K", "-f", "32", "-n", "2", "-w", "1"},
+                       {{"WEFT_ALGO", "allreduce:0-1K:rd,allreduce:1K-inf:ring"}});
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  std::vector<std::string> lines = lines_of(o.out);
+  std::vector<std::pair<size_t, std::string>> seen;  // row size, algorithm on the next line
+  for (size_t i = 0; i + 1 < lines.size(); ++i) {
+    if (lines[i].empty() || lines[i][0] == '#') continue;
+    const std::string marker = "#  ^ algorithm ";
+    ASSERT_TRUE(lines[i + 1].starts_with(marker)) << lines[i + 1];
+    std::string rest = lines[i + 1].substr(marker.size());
+    seen.push_back({std::stoul(lines[i]), rest.substr(0, rest.find(','))});
+  }
+  std::vector<std::pair<size_t, std::string>> expected;
+  for (size_t bytes : geometric(64, 64 << 10, 32))
+    expected.push_back({bytes, bytes < 1024 ? "rd" : "ring"});
+  EXPECT_EQ(seen, expected) << o.out;
+}
+
 TEST(WeftPerfRun, InapplicableAlgorithmFailsWithTheValidNames) {
   Outcome o = run_perf(2, {"allgather", "-b", "64", "-e", "64", "-A", "binomial"}, {}, true);
   EXPECT_EQ(o.exit_code, 3) << o.out;

@@ -123,6 +123,13 @@ int run_predict(int argc, char** argv) {
     fprintf(stderr, "%s\n", status.message().c_str());
     return 1;
   }
+  for (const topo::RankSpec& rank : cluster.ranks) {
+    if (shm && rank.node != cluster.ranks.front().node) {
+      fprintf(stderr, "--shm needs every rank on one node; %s places ranks on several\n",
+              file.c_str());
+      return 2;
+    }
+  }
   TuneContext context = tune_context(cluster, shm);
   context.max_model_steps = max_steps;
   if (memory_gbps > 0) context.memory.bandwidth_gb_s = memory_gbps;
