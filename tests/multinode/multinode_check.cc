@@ -3,6 +3,7 @@
 // checks that the ranks really sit on the expected number of hosts, then
 //   check: runs every collective and grouped Send/Recv with exact integer
 //          checks, exit 0 when all match, 1 on a mismatch;
+//   twolevel: the same checks for the hier and leader schedules, forced;
 //   fault: runs AllReduce in a loop until it fails (a host was killed or cut
 //          off), prints the error and exits 3; exit 4 if nothing failed.
 // A failed call exits 3 in both modes. Public API only (weft/weft.h), plus the
@@ -71,6 +72,13 @@ class Checker {
     send_recv(count);
     max_int64(count);
     must(comm_, weftBarrier(comm_, nullptr), "weftBarrier");
+  }
+
+  // The collectives the two-level schedules implement on uneven hosts.
+  void run_two_level(size_t count, int root) {
+    all_reduce(count);
+    broadcast(count, root);
+    reduce(count, root);
   }
 
  private:
@@ -262,6 +270,7 @@ bool check_hosts(weftComm_t comm, int rank, int nranks, int expected_hosts) {
   return true;
 }
 
+// Every collective with the algorithms the tuner picks.
 int check_mode(weftComm_t comm, int rank, int nranks) {
   Checker checker(comm, rank, nranks);
   // Large enough for UCX's rendezvous protocol, odd so nothing divides evenly.
@@ -269,6 +278,35 @@ int check_mode(weftComm_t comm, int rank, int nranks) {
     checker.run_all(count, static_cast<int>(count % nranks));
   printf("rank %d: %d checks, %d mismatches\n", rank, checker.checks(), checker.failures());
   return checker.failures() == 0 ? 0 : kMismatchExit;
+}
+
+// The two-level schedules, forced on a split of the same ranks. The hosts
+// are uneven, where hier applies to AllReduce, Broadcast and Reduce only.
+int two_level_mode(weftComm_t comm, int rank, int nranks) {
+  int failures = 0, checks = 0;
+  for (const std::string family : {"hier", "leader"}) {
+    const std::string spec = "allreduce:" + family + ",broadcast:" + family + ",reduce:" + family;
+    weftConfig_t config = WEFT_CONFIG_INITIALIZER;
+    config.algorithms = spec.c_str();
+    weftComm_t forced = nullptr;
+    must(comm, weftCommSplit(comm, 0, rank, &forced, &config), "weftCommSplit");
+    Checker two_level(forced, rank, nranks);
+    for (size_t count : {size_t{1}, size_t{1000}, (size_t{1} << 18) + 3}) {
+      two_level.run_two_level(count, static_cast<int>((count + 1) % nranks));
+      const char* used = nullptr;
+      must(forced, weftCommLastAlgorithm(forced, &used, nullptr), "weftCommLastAlgorithm");
+      if (family != used) {
+        fprintf(stderr, "rank %d: forced %s but the communicator ran %s\n", rank, family.c_str(),
+                used);
+        ++failures;
+      }
+    }
+    failures += two_level.failures();
+    checks += two_level.checks();
+    must(forced, weftCommDestroy(forced), "weftCommDestroy");
+  }
+  printf("rank %d: %d checks, %d mismatches\n", rank, checks, failures);
+  return failures == 0 ? 0 : kMismatchExit;
 }
 
 int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file) {
@@ -301,9 +339,11 @@ int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3 || (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "fault") != 0) ||
+  if (argc < 3 ||
+      (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "twolevel") != 0 &&
+       strcmp(argv[1], "fault") != 0) ||
       (strcmp(argv[1], "fault") == 0 && argc < 4)) {
-    fprintf(stderr, "usage: %s check HOSTS | fault HOSTS READY_FILE\n", argv[0]);
+    fprintf(stderr, "usage: %s check HOSTS | twolevel HOSTS | fault HOSTS READY_FILE\n", argv[0]);
     return kUsageExit;
   }
   int expected_hosts = atoi(argv[2]);
@@ -317,8 +357,9 @@ int main(int argc, char** argv) {
     weftCommAbort(comm);
     return kMismatchExit;
   }
-  int code = strcmp(argv[1], "check") == 0 ? check_mode(comm, rank, nranks)
-                                           : fault_mode(comm, rank, nranks, argv[3]);
+  int code = strcmp(argv[1], "check") == 0      ? check_mode(comm, rank, nranks)
+             : strcmp(argv[1], "twolevel") == 0 ? two_level_mode(comm, rank, nranks)
+                                                : fault_mode(comm, rank, nranks, argv[3]);
   fflush(stdout);
   if (code != 0) {
     weftCommAbort(comm);

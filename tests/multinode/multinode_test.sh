@@ -7,6 +7,7 @@
 # separate IPC/PID namespaces make UCX treat the hosts as separate machines.
 #
 #   multinode_test.sh collectives PROG WORKDIR  every collective, exact, across hosts
+#   multinode_test.sh twolevel PROG WORKDIR     the hier and leader schedules forced, exact
 #   multinode_test.sh kill PROG WORKDIR         host c's ranks are killed mid-AllReduce
 #   multinode_test.sh linkdown PROG WORKDIR     host c's link goes down mid-AllReduce
 #
@@ -17,8 +18,8 @@ set -uo pipefail
 
 mode=${1:-} prog=${2:-} work=${3:-}
 case $mode in
-  collectives | kill | linkdown) ;;
-  *) echo "usage: $0 collectives|kill|linkdown PROG WORKDIR" >&2; exit 2 ;;
+  collectives | twolevel | kill | linkdown) ;;
+  *) echo "usage: $0 collectives|twolevel|kill|linkdown PROG WORKDIR" >&2; exit 2 ;;
 esac
 readonly skip=77 timeout_ms=3000 margin_ms=5000
 hosts=(a b c)
@@ -79,8 +80,11 @@ export WEFT_SOCKET_IFNAME==weft0 WEFT_TIMEOUT_MS=$timeout_ms
 # A bound on each host, so that a hang fails the test instead of ctest's timeout.
 rank_limit=45
 
-args=(check ${#hosts[@]})
-[[ $mode == collectives ]] || args=(fault ${#hosts[@]} "$work/ready")
+case $mode in
+  collectives) args=(check ${#hosts[@]}) ;;
+  twolevel) args=(twolevel ${#hosts[@]}) ;;
+  *) args=(fault ${#hosts[@]} "$work/ready") ;;
+esac
 # UCX's debug log names every endpoint's transports (checked below).
 [[ $mode == collectives ]] && export UCX_LOG_LEVEL=debug
 here=$(cd "$(dirname "$0")" && pwd)
@@ -151,7 +155,7 @@ verify_transports() {
 }
 
 all_ranks=("${!rank_host[@]}")
-if [[ $mode == collectives ]]; then
+if [[ $mode == collectives || $mode == twolevel ]]; then
   t0=$(now_ms)
   await_ranks $((t0 + rank_limit * 1000)) "${all_ranks[@]}"
   show_output
@@ -160,7 +164,8 @@ if [[ $mode == collectives ]]; then
     grep -q "rank $r: [0-9]* checks, 0 mismatches" "$work/rank$r.out" || fail "rank $r did not report its checks"
   done
   grep -q "rank 0: $nranks ranks on ${#hosts[@]} hosts" "$work/rank0.out" || fail "rank 0 did not see ${#hosts[@]} hosts"
-  verify_transports
+  # The two-level run opens more communicators, and so more UCX endpoints.
+  [[ $mode == twolevel ]] || verify_transports
   say "PASS: every collective exact on $nranks ranks across ${#hosts[@]} hosts in $(($(now_ms) - t0)) ms"
   exit 0
 fi
