@@ -58,6 +58,22 @@ bool decode_peer(const Blob& blob, PeerInfo* peer) {
 }  // namespace
 
 namespace {
+// Every live communicator of the process. A rank that finished an operation
+// may still owe a peer transport work for it (UCX's rendezvous completion
+// goes back through the receiver's worker), so idle waits progress every
+// communicator, not only their own: a peer still inside an operation on
+// another communicator is never left waiting for this rank.
+std::mutex live_mutex;
+std::vector<Communicator*>& live_communicators() {
+  static std::vector<Communicator*> live;
+  return live;
+}
+
+void progress_all_communicators() {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  for (Communicator* comm : live_communicators()) comm->progress();
+}
+
 // With WEFT_DEBUG=INFO, the first communicator lists every variable Weft reads.
 void log_environment_once() {
   static std::once_flag once;
@@ -137,13 +153,31 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   WEFT_LOG(INFO, INIT, "communicator %s: rank %d of %d ready (timeout %lld ms)",
            comm->config_.name.c_str(), rank, nranks,
            static_cast<long long>(comm->config_.timeout_ms));
+  {
+    std::lock_guard<std::mutex> lock(live_mutex);
+    live_communicators().push_back(comm.get());
+  }
   *out = std::move(comm);
   return Status::Ok();
 }
 
 Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lock(live_mutex);
+    std::erase(live_communicators(), this);
+  }
   // The bootstrap goes first: its control thread may still report failures.
   bootstrap_.reset();
+  if (failed_code_.load(std::memory_order_acquire) != weftSuccess) {
+    // Tearing down UCX endpoints to a peer that became unreachable can block
+    // in the kernel for minutes (a TCP send into a full buffer), and destroy
+    // and abort must return promptly: a failed communicator's transport is
+    // abandoned, kept reachable here and never destroyed (not even at exit).
+    static std::mutex abandoned_mutex;
+    static auto* abandoned = new std::vector<std::unique_ptr<ucx::Transport>>;
+    std::lock_guard<std::mutex> lock(abandoned_mutex);
+    abandoned->push_back(std::move(transport_));
+  }
   transport_.reset();
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -338,6 +372,7 @@ void ProgressLoop::idle(Deadline deadline, shm::Doorbell* bell, bool direct_wait
                               [](const Communicator* comm) { return comm->oversubscribed(); });
   }
   if (pure_spin_ && now < idle_since_ + kPureSpin) return;
+  progress_all_communicators();
   if (now < idle_since_ + kYieldSpin) {
     // Oversubscribed cores are normal: let a runnable peer have ours.
     sched_yield();

@@ -296,18 +296,23 @@ class Runner {
   int rank_, n_;
 };
 
-// Communicators forcing, per collective, the variant-th algorithm that implements it.
-std::vector<weftComm_t> algorithm_variants(weftComm_t comm, int rank, int* variants) {
-  *variants = 0;
+// Communicators forcing, per collective, the variant-th algorithm that
+// implements it; (*algorithms)[c] is how many implement collective c (later
+// variants repeat its first ones).
+std::vector<weftComm_t> algorithm_variants(weftComm_t comm, int rank,
+                                           std::vector<size_t>* algorithms) {
+  size_t variants = 0;
   std::vector<std::vector<algo::Algorithm>> per_collective(algo::kNumCollectives);
+  algorithms->assign(algo::kNumCollectives, 0);
   for (int c = 0; c < algo::kNumCollectives; ++c) {
     for (int a = 0; a < algo::kNumAlgorithms; ++a)
       if (algo::supports(static_cast<algo::Algorithm>(a), static_cast<Collective>(c)))
         per_collective[c].push_back(static_cast<algo::Algorithm>(a));
-    *variants = std::max(*variants, static_cast<int>(per_collective[c].size()));
+    (*algorithms)[c] = per_collective[c].size();
+    variants = std::max(variants, per_collective[c].size());
   }
   std::vector<weftComm_t> comms;
-  for (int variant = 0; variant < *variants; ++variant) {
+  for (size_t variant = 0; variant < variants; ++variant) {
     std::string spec;
     for (int c = 0; c < algo::kNumCollectives; ++c) {
       const auto& list = per_collective[c];
@@ -334,12 +339,14 @@ const weftDataType_t kMovementTypes[] = {weftInt8, weftFloat16, weftInt32, weftF
 // Runs every case on every algorithm variant; counts up to `max_cases_per_variant` per variant.
 void sweep(const RankContext& context, const std::vector<size_t>& counts, bool all_types) {
   weftComm_t comm = init_comm(context, 60000);  // a failure ends the sweep on every rank
-  int variants = 0;
-  std::vector<weftComm_t> comms = algorithm_variants(comm, context.rank, &variants);
+  std::vector<size_t> algorithms;
+  std::vector<weftComm_t> comms = algorithm_variants(comm, context.rank, &algorithms);
   int failures = 0;
-  for (weftComm_t variant : comms) {
-    Runner runner(variant, context.rank, context.nranks);
+  for (size_t variant = 0; variant < comms.size(); ++variant) {
+    Runner runner(comms[variant], context.rank, context.nranks);
     for (Collective collective : kAll) {
+      // Each algorithm once: later variants repeat a collective's first ones.
+      if (variant >= algorithms[static_cast<int>(collective)]) continue;
       for (size_t count : counts) {
         for (bool in_place : {false, true}) {
           int root = static_cast<int>(count % context.nranks);
