@@ -63,17 +63,6 @@ bool parse_bytes(std::string_view text, uint64_t* out) {
   return true;
 }
 
-std::string size_text(uint64_t bytes) {
-  if (bytes == UINT64_MAX) return "inf";
-  const char* units[] = {"", "K", "M", "G", "T"};
-  int u = 0;
-  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
-    bytes /= 1024;
-    ++u;
-  }
-  return std::to_string(bytes) + units[u];
-}
-
 // Chunk sizes tried for pipelined schedules: big enough to amortise a
 // message's latency, small enough that several are in flight.
 constexpr uint64_t kChunkCandidates[] = {128 << 10, 512 << 10, 2 << 20};
@@ -136,6 +125,17 @@ constexpr topo::LinkCost kMeasuredSameNode{6.0, 1.0};
 constexpr algo::LinkTime kMeasuredDirect{0.15, 25};
 
 }  // namespace
+
+std::string size_text(uint64_t bytes) {
+  if (bytes == UINT64_MAX) return "inf";
+  const char* units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  return std::to_string(bytes) + units[u];
+}
 
 bool AlgorithmOverrides::find(algo::Collective collective, uint64_t bytes,
                               algo::Algorithm* out) const {

@@ -73,6 +73,9 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
 // exactly as the file gives them (NVLink domains, NIC rails).
 TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory);
 
+// Bytes as WEFT_ALGO ranges write them: 512, 16K, 4M, inf (UINT64_MAX).
+std::string size_text(uint64_t bytes);
+
 struct Plan {
   algo::Algorithm algorithm = algo::Algorithm::Ring;
   uint64_t chunk_elements = 0;  // 0: no chunking

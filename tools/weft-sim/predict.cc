@@ -66,16 +66,6 @@ int usage() {
   return 2;
 }
 
-std::string human(uint64_t bytes) {
-  const char* units[] = {"B", "K", "M", "G", "T"};
-  int u = 0;
-  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
-    bytes /= 1024;
-    ++u;
-  }
-  return std::to_string(bytes) + units[u];
-}
-
 }  // namespace
 
 int run_predict(int argc, char** argv) {
@@ -163,7 +153,7 @@ int run_predict(int argc, char** argv) {
   const uint64_t divisor = per_rank_count(collective) ? static_cast<uint64_t>(n) : 1;
   for (uint64_t bytes = lo; bytes <= hi; bytes *= factor) {
     const std::vector<Candidate> all = tuner.candidates(collective, bytes / divisor);
-    printf("%10s", human(bytes).c_str());
+    printf("%10s", size_text(bytes).c_str());
     for (algo::Algorithm a : algorithms) {
       const Candidate* best = nullptr;
       for (const Candidate& c : all)
@@ -180,7 +170,7 @@ int run_predict(int argc, char** argv) {
       printf("  -\n");
     else
       printf("  %s chunk %s\n", algo::algorithm_name(all.front().algorithm),
-             human(all.front().chunk_bytes).c_str());
+             size_text(all.front().chunk_bytes).c_str());
     fflush(stdout);
     if (bytes > UINT64_MAX / factor) break;
   }
