@@ -86,14 +86,17 @@ bool predict(const Params& params, uint64_t element_size, const CostNetwork& net
     return true;
   }
 
-  // AllToAllv without counts is timed as every peer getting `count`.
+  // AllToAllv without counts is timed as every peer getting `count` (the
+  // count matrix too, which hierarchical AllToAllv needs).
   Params base = params;
-  std::vector<uint64_t> counts, displs;
+  std::vector<uint64_t> counts, displs, matrix;
   if (base.collective == Collective::AllToAllv && base.send_counts == nullptr) {
     counts.assign(n, base.count);
     for (int q = 0; q < n; ++q) displs.push_back(q * base.count);
     base.send_counts = base.recv_counts = counts.data();
     base.send_displs = base.recv_displs = displs.data();
+    matrix.assign(static_cast<size_t>(n) * n, base.count);
+    base.all_send_counts = matrix.data();
   }
 
   // Pipelined schedules move every chunk through every rank at least once:

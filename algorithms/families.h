@@ -56,6 +56,7 @@ void hier_allgather(const Params& p, Emitter& e);
 void hier_broadcast(const Params& p, Emitter& e);
 void hier_reduce(const Params& p, Emitter& e);
 void hier_alltoall(const Params& p, Emitter& e);
+void hier_alltoallv(const Params& p, Emitter& e);
 void leader_allreduce(const Params& p, Emitter& e);
 void leader_broadcast(const Params& p, Emitter& e);
 void leader_reduce(const Params& p, Emitter& e);

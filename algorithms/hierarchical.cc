@@ -102,7 +102,45 @@ std::vector<uint32_t> copy_blocks(Emitter& e, const Nodes& nodes, uint64_t c, co
 
 }  // namespace
 
+namespace {
+
+// Hierarchical AllToAllv relays other ranks' pieces, so it needs every
+// rank's counts, and they must agree with this rank's own.
+bool matrix_applicable(const Params& p, std::string* why) {
+  const auto refuse = [&](std::string reason) {
+    if (why) *why = "hier alltoallv: " + std::move(reason);
+    return false;
+  };
+  if (p.all_send_counts == nullptr) {
+    return refuse(
+        "needs every rank's send counts (Params::all_send_counts): a rank relaying for "
+        "others must know what they send");
+  }
+  const size_t n = static_cast<size_t>(p.nranks);
+  const size_t me = static_cast<size_t>(p.rank);
+  for (size_t q = 0; q < n; ++q) {
+    if (p.all_send_counts[me * n + q] != p.send_counts[q]) {
+      return refuse("the count matrix says this rank sends " +
+                    std::to_string(p.all_send_counts[me * n + q]) + " elements to rank " +
+                    std::to_string(q) + ", its send counts say " +
+                    std::to_string(p.send_counts[q]));
+    }
+    if (p.all_send_counts[q * n + me] != p.recv_counts[q]) {
+      return refuse("rank " + std::to_string(q) + " sends " +
+                    std::to_string(p.all_send_counts[q * n + me]) +
+                    " elements to this rank, but its receive count for it is " +
+                    std::to_string(p.recv_counts[q]));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 bool hier_applicable(const Params& p, std::string* why) {
+  if (p.algorithm == Algorithm::Hierarchical && p.collective == Collective::AllToAllv) {
+    return matrix_applicable(p, why);
+  }
   const bool sliced =
       p.algorithm == Algorithm::Hierarchical &&
       (p.collective == Collective::ReduceScatter || p.collective == Collective::AllGather ||
@@ -254,6 +292,160 @@ void hier_alltoall(const Params& p, Emitter& e) {
   done = compose_built(e, inside, local, {out, back}, done);
   // back: [local i][node k] from rank (k, i).
   copy_blocks(e, nodes, c, back, local_major, at(Buf::Output, 0, total), rank_block, done);
+}
+
+namespace {
+
+// An AllToAllv piece: where it lies (or is to land) and the steps after
+// which it is there.
+struct Held {
+  Range at;
+  std::vector<uint32_t> ready;
+};
+
+// Sends `pieces` to `peer` as one message (none when they are all empty,
+// as pairwise sends no empty messages: the receiver knows the sizes too),
+// straight from where it lies when only one piece has elements, else
+// packed into scratch first.
+void send_message(Emitter& e, int peer, const std::vector<const Held*>& pieces, uint64_t chunk) {
+  std::vector<const Held*> full;
+  uint64_t total = 0;
+  for (const Held* piece : pieces) {
+    if (piece->at.count == 0) continue;
+    full.push_back(piece);
+    total += piece->at.count;
+  }
+  if (full.empty()) return;
+  if (full.size() == 1) return e.send_pieces(peer, full[0]->at, chunk, full[0]->ready);
+  const Range packed = e.scratch(total);
+  std::vector<uint32_t> copies;
+  uint64_t offset = 0;
+  for (const Held* piece : full) {
+    copies.push_back(e.copy(sub(packed, Span{offset, piece->at.count}), piece->at, piece->ready));
+    offset += piece->at.count;
+  }
+  e.send_pieces(peer, packed, chunk, funnel(e, copies));
+}
+
+// Receives the message send_message() makes of pieces of `counts`
+// elements. It lands in scratch, or straight at homes[q] (where piece q is
+// to end up, count 0: elsewhere) when piece q has all its elements.
+// Returns where each piece is.
+std::vector<Held> recv_message(Emitter& e, int peer, const std::vector<uint64_t>& counts,
+                               const std::vector<Range>& homes, uint64_t chunk) {
+  uint64_t total = 0;
+  int full = 0, last_full = -1;
+  for (size_t q = 0; q < counts.size(); ++q) {
+    total += counts[q];
+    if (counts[q] > 0) ++full, last_full = static_cast<int>(q);
+  }
+  std::vector<Held> out(counts.size());
+  if (total == 0) return out;
+  std::vector<uint32_t> steps;
+  if (full == 1 && homes[last_full].count > 0) {
+    e.recv_pieces(peer, homes[last_full], chunk, {}, &steps);
+    out[last_full] = Held{homes[last_full], funnel(e, steps)};
+    return out;
+  }
+  const Range landed = e.scratch(total);
+  e.recv_pieces(peer, landed, chunk, {}, &steps);
+  const std::vector<uint32_t> ready = funnel(e, steps);
+  uint64_t offset = 0;
+  for (size_t q = 0; q < counts.size(); ++q) {
+    out[q] = Held{sub(landed, Span{offset, counts[q]}), ready};
+    offset += counts[q];
+  }
+  return out;
+}
+
+// Copies `piece` to `home` unless it is there already.
+void deliver(Emitter& e, const Held& piece, const Range& home) {
+  if (home.count == 0 || (piece.at.buf == home.buf && piece.at.offset == home.offset)) return;
+  e.copy(home, piece.at, piece.ready);
+}
+
+}  // namespace
+
+// Two hops, as hier AllToAll, with counts from the full matrix: every rank
+// sends each other node it has data for, in one message, all it has for that node's ranks,
+// to the rank there with its own local index (modulo the node's size, so
+// nodes may differ in size). Each rank then sends every rank of its node,
+// in one message, the pieces for it from itself and from the ranks it
+// relays for, and every piece lands at its receiver's recv_displs. A
+// message made of one non-empty piece is sent from, and lands at, that
+// piece's place without staging copies.
+void hier_alltoallv(const Params& p, Emitter& e) {
+  const Nodes nodes = nodes_of(p);
+  const size_t n = static_cast<size_t>(p.nranks);
+  const auto count = [&](int s, int d) { return p.all_send_counts[s * n + d]; };
+  const std::vector<int>& local = nodes.mine();
+  const int nn = nodes.count();
+  const int ln = static_cast<int>(local.size());
+  const int me = p.rank;
+  const auto relay = [&](int k, int index) {
+    const std::vector<int>& group = nodes.ranks[k];
+    return group[index % group.size()];
+  };
+  // The ranks whose pieces for this node local index x hands out: itself,
+  // then (node by node) those that send this node their message through it.
+  const auto sources = [&](int x) {
+    std::vector<int> out = {local[x]};
+    for (int k = 0; k < nn; ++k) {
+      if (k == nodes.node) continue;
+      for (size_t y = 0; y < nodes.ranks[k].size(); ++y) {
+        if (relay(nodes.node, static_cast<int>(y)) == local[x]) out.push_back(nodes.ranks[k][y]);
+      }
+    }
+    return out;
+  };
+  const auto own_input = [&](int d) {
+    return Held{at(Buf::Input, p.send_displs[d], count(me, d)), {}};
+  };
+  const auto home = [&](int s) { return at(Buf::Output, p.recv_displs[s], count(s, me)); };
+
+  // Hop 1: one message to each other node, starting with the next one.
+  for (int t = 1; t < nn; ++t) {
+    const int k = (nodes.node + t) % nn;
+    std::vector<Held> pieces;
+    for (int d : nodes.ranks[k]) pieces.push_back(own_input(d));
+    std::vector<const Held*> refs;
+    for (const Held& piece : pieces) refs.push_back(&piece);
+    send_message(e, relay(k, nodes.local), refs, p.chunk);
+  }
+  // held[x][j]: the piece of source x for local rank j.
+  const std::vector<int> mine = sources(nodes.local);
+  std::vector<std::vector<Held>> held(mine.size());
+  for (int d : local) held[0].push_back(own_input(d));
+  for (size_t x = 1; x < mine.size(); ++x) {
+    std::vector<uint64_t> counts;
+    std::vector<Range> homes;
+    for (int d : local) {
+      counts.push_back(count(mine[x], d));
+      homes.push_back(d == me ? home(mine[x]) : Range{});
+    }
+    held[x] = recv_message(e, mine[x], counts, homes, p.chunk);
+  }
+
+  // Hop 2: one message to each other rank of the node.
+  for (int t = 1; t < ln; ++t) {
+    const int j = (nodes.local + t) % ln;
+    std::vector<const Held*> refs;
+    for (const std::vector<Held>& from : held) refs.push_back(&from[j]);
+    send_message(e, local[j], refs, p.chunk);
+  }
+  for (size_t x = 0; x < mine.size(); ++x) deliver(e, held[x][nodes.local], home(mine[x]));
+  for (int t = 1; t < ln; ++t) {
+    const int j = (nodes.local - t + ln) % ln;
+    const std::vector<int> from = sources(j);
+    std::vector<uint64_t> counts;
+    std::vector<Range> homes;
+    for (int s : from) {
+      counts.push_back(count(s, me));
+      homes.push_back(home(s));
+    }
+    const std::vector<Held> got = recv_message(e, local[j], counts, homes, p.chunk);
+    for (size_t x = 0; x < from.size(); ++x) deliver(e, got[x], homes[x]);
+  }
 }
 
 namespace {

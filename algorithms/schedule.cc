@@ -54,6 +54,7 @@ constexpr Entry kEntries[] = {
     {Algorithm::Hierarchical, Collective::Broadcast, detail::hier_broadcast},
     {Algorithm::Hierarchical, Collective::Reduce, detail::hier_reduce},
     {Algorithm::Hierarchical, Collective::AllToAll, detail::hier_alltoall},
+    {Algorithm::Hierarchical, Collective::AllToAllv, detail::hier_alltoallv},
     {Algorithm::NodeLeader, Collective::AllReduce, detail::leader_allreduce},
     {Algorithm::NodeLeader, Collective::Broadcast, detail::leader_broadcast},
     {Algorithm::NodeLeader, Collective::Reduce, detail::leader_reduce},

@@ -124,6 +124,10 @@ struct Params {
   const uint64_t* send_displs = nullptr;
   const uint64_t* recv_counts = nullptr;
   const uint64_t* recv_displs = nullptr;
+  // AllToAllv: every rank's send counts, [sender * nranks + receiver], or
+  // null when unknown. Hierarchical AllToAllv needs it: a rank relaying for
+  // others must know what they send (the executor gathers it first).
+  const uint64_t* all_send_counts = nullptr;
 };
 
 // Elements of the Input and Output buffers this rank's program may touch. 0
@@ -139,7 +143,9 @@ bool supports(Algorithm algorithm, Collective collective);
 // Whether build() makes a program for `params`: the arguments are valid, the
 // pair is supported, and the layout suits the algorithm (hierarchical
 // ReduceScatter, AllGather and AllToAll pair ranks across nodes by their
-// index in the node, so they need the same number of ranks on every node).
+// index in the node, so they need the same number of ranks on every node;
+// hierarchical AllToAllv needs all_send_counts, consistent with this rank's
+// send and receive counts).
 // Otherwise false, with the reason in *why (when given). Tuners use it to
 // skip candidates.
 bool applicable(const Params& params, std::string* why);

@@ -1,7 +1,10 @@
 #include "core/collectives.h"
 
 #include <cstring>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/log.h"
@@ -148,6 +151,86 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params,
   return Status::Ok();
 }
 
+// Hierarchical AllToAllv relays pieces for other ranks, so it needs every
+// rank's send counts: the job first allgathers them (Bruck, n counts per
+// rank), then runs the schedule built from the gathered matrix (per call,
+// not cached: counts vary).
+class HierAllToAllv final : public JobStage {
+ public:
+  // Takes over `job`, set up for the exchange, to gather the counts first.
+  Status begin(Communicator& comm, const algo::Params& params, Job* job) {
+    const size_t n = static_cast<size_t>(params.nranks);
+    const size_t me = static_cast<size_t>(params.rank);
+    params_ = params;
+    for (auto [from, to] : {std::pair{params.send_counts, &send_counts_},
+                            std::pair{params.send_displs, &send_displs_},
+                            std::pair{params.recv_counts, &recv_counts_},
+                            std::pair{params.recv_displs, &recv_displs_}})
+      to->assign(from, from + n);
+    params_.send_counts = send_counts_.data();
+    params_.send_displs = send_displs_.data();
+    params_.recv_counts = recv_counts_.data();
+    params_.recv_displs = recv_displs_.data();
+    // This rank's row and column stand in for the matrix until it is
+    // gathered, so that argument errors show now, not mid-run.
+    matrix_.assign(n * n, 0);
+    for (size_t q = 0; q < n; ++q) {
+      matrix_[q * n + me] = recv_counts_[q];
+      matrix_[me * n + q] = send_counts_[q];
+    }
+    params_.all_send_counts = matrix_.data();
+    std::string why;
+    if (!algo::applicable(params_, &why)) return Error(weftInvalidArgument, "%s", why.c_str());
+
+    algo::Params gather;
+    gather.collective = algo::Collective::AllGather;
+    gather.algorithm = algo::Algorithm::Bruck;
+    gather.nranks = params.nranks;
+    gather.rank = params.rank;
+    gather.count = n;
+    WEFT_RETURN_IF_ERROR(comm.programs().get(gather, &gather_));
+    if (gather_->max_messages_per_peer > kSecondStageMessages)
+      return Error(weftInternalError, "alltoallv: the count exchange needs %u messages per peer",
+                   gather_->max_messages_per_peer);
+    input_ = job->input;
+    output_ = job->output;
+    element_size_ = job->math.element_size;
+    job->program = gather_.get();
+    job->input = reinterpret_cast<std::byte*>(send_counts_.data());
+    job->output = reinterpret_cast<std::byte*>(matrix_.data());
+    job->math.element_size = sizeof(uint64_t);
+    job->next_stage = this;
+    return Status::Ok();
+  }
+
+  Status next(Job* job, std::byte** scratch) override {
+    WEFT_RETURN_IF_ERROR(build_program(params_, &exchange_));
+    if (exchange_->max_messages_per_peer > kMaxMessagesPerPeer - kSecondStageMessages)
+      return Error(weftInvalidArgument,
+                   "alltoallv: the schedule needs %u messages with one peer (limit %u): use a "
+                   "larger chunk",
+                   exchange_->max_messages_per_peer, kMaxMessagesPerPeer - kSecondStageMessages);
+    scratch_.resize(exchange_->program.scratch_count * element_size_);
+    job->program = exchange_.get();
+    job->input = input_;
+    job->output = output_;
+    job->math.element_size = element_size_;
+    job->sequence_base += kSecondStageMessages;
+    job->next_stage = nullptr;
+    *scratch = scratch_.data();
+    return Status::Ok();
+  }
+
+ private:
+  algo::Params params_;
+  std::vector<uint64_t> send_counts_, send_displs_, recv_counts_, recv_displs_, matrix_;
+  std::shared_ptr<const CompiledProgram> gather_, exchange_;
+  std::vector<std::byte> scratch_;
+  std::byte* input_ = nullptr;
+  std::byte* output_ = nullptr;
+  size_t element_size_ = 1;
+};
+
 Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBatch& batch) {
   size_t element = dtype_size(call.dtype);
   WEFT_RETURN_IF_ERROR(validate(comm, call, element));
@@ -174,12 +257,14 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
 
   Job job;
   job.comm = &comm;
+  const bool staged = call.collective == algo::Collective::AllToAllv &&
+                      plan.algorithm == algo::Algorithm::Hierarchical;
   if (algo::is_direct(plan.algorithm)) {
     std::shared_ptr<const DirectCall> direct;
     WEFT_RETURN_IF_ERROR(prepare_direct(comm, params, &direct));
     job.direct = direct.get();
     batch.directs.push_back(std::move(direct));
-  } else {
+  } else if (!staged) {
     std::shared_ptr<const CompiledProgram> program;
     if (call.collective == algo::Collective::AllToAllv)
       WEFT_RETURN_IF_ERROR(build_program(params, &program));
@@ -209,6 +294,11 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
            name_of(call.collective), static_cast<unsigned long long>(call.count),
            dtype_name(call.dtype), algo::algorithm_name(plan.algorithm),
            static_cast<unsigned long long>(plan.chunk_elements), params.in_place);
+  if (staged) {
+    auto stages = std::make_shared<HierAllToAllv>();
+    WEFT_RETURN_IF_ERROR(stages->begin(comm, params, &job));
+    batch.stages.push_back(std::move(stages));
+  }
   batch.jobs.push_back(job);
   return Status::Ok();
 }

@@ -76,13 +76,7 @@ void JobRunner::start(std::span<Job> jobs) {
       state.total = 1;
       push_ready(j, 0);
     } else {
-      const algo::Program& program = job.program->program;
-      state.total = static_cast<uint32_t>(program.steps.size());
-      state.remaining.resize(state.total);
-      for (uint32_t i = 0; i < state.total; ++i) {
-        state.remaining[i] = program.steps[i].num_deps;
-        if (state.remaining[i] == 0) push_ready(j, i);
-      }
+      start_program(j);
     }
     if (state.total > 0) ++unfinished_jobs_;
     if (std::find(comms_.begin(), comms_.end(), job.comm) == comms_.end()) {
@@ -90,6 +84,30 @@ void JobRunner::start(std::span<Job> jobs) {
       timeout_ms_ = std::min(timeout_ms_, job.comm->timeout_ms());
     }
   }
+}
+
+void JobRunner::start_program(size_t job) {
+  JobState& state = states_[job];
+  const algo::Program& program = jobs_[job].program->program;
+  state.completed = 0;
+  state.total = static_cast<uint32_t>(program.steps.size());
+  state.remaining.resize(state.total);
+  for (uint32_t i = 0; i < state.total; ++i) {
+    state.remaining[i] = program.steps[i].num_deps;
+    if (state.remaining[i] == 0) push_ready(job, i);
+  }
+}
+
+Status JobRunner::next_stage(size_t job) {
+  Job& next = jobs_[job];
+  Status status = next.next_stage->next(&next, &states_[job].scratch);
+  if (!status.ok()) {
+    next.comm->fail(status.code(), status.message());
+    abandon();
+    return status;
+  }
+  start_program(job);
+  return Status::Ok();
 }
 
 std::byte* JobRunner::address(size_t job, const algo::Range& range) {
@@ -233,6 +251,11 @@ Status JobRunner::advance(bool* progressed) {
   for (size_t j = 0; j < jobs_.size(); ++j) {
     JobState& state = states_[j];
     if (state.total == 0 || state.completed != state.total) continue;
+    if (jobs_[j].next_stage != nullptr) {
+      WEFT_RETURN_IF_ERROR(next_stage(j));
+      *progressed = true;
+      if (state.total > 0) continue;  // an empty program is done at once
+    }
     const JobMath& math = jobs_[j].math;
     if (math.divisor != 0 && math.divide_count != 0) {
       std::byte* range = jobs_[j].output + math.divide_offset * math.element_size;

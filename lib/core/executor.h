@@ -37,6 +37,21 @@ struct JobMath {
   uint64_t premul_count = 0;
 };
 
+struct Job;
+
+// What a job runs after its program, when that program can only be built
+// once the first has run (hierarchical AllToAllv gathers every rank's
+// counts first). Owned by the job's batch.
+class JobStage {
+ public:
+  virtual ~JobStage() = default;
+  // Called once the job's program has completed: points `job` at the next
+  // program and its buffers, numbers its messages on from
+  // kSecondStageMessages, clears job->next_stage after the last stage, and
+  // sets *scratch to that program's scratch (kept by the stage).
+  virtual Status next(Job* job, std::byte** scratch) = 0;
+};
+
 struct Job {
   Communicator* comm = nullptr;
   // The program, or null for a lone Send/Recv described by `single_step`
@@ -54,6 +69,8 @@ struct Job {
   const DirectCall* direct = nullptr;
   // Its place among the communicator's direct ops (set at launch).
   uint64_t direct_ticket = 0;
+  // What runs once the program completes, if anything.
+  JobStage* next_stage = nullptr;
 };
 
 // Jobs about to run together, with the programs they use kept alive.
@@ -61,10 +78,12 @@ struct JobBatch {
   std::vector<Job> jobs;
   std::vector<std::shared_ptr<const CompiledProgram>> programs;
   std::vector<std::shared_ptr<const DirectCall>> directs;
+  std::vector<std::shared_ptr<JobStage>> stages;
   void clear() {
     jobs.clear();
     programs.clear();
     directs.clear();
+    stages.clear();
   }
 };
 
@@ -106,6 +125,8 @@ class JobRunner {
     PendingOp op;
   };
 
+  void start_program(size_t job);
+  Status next_stage(size_t job);
   void push_ready(size_t job, uint32_t step);
   void complete_step(size_t job, uint32_t step);
   Status post_step(size_t job, uint32_t step, PendingOp* op);

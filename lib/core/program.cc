@@ -4,11 +4,6 @@
 
 namespace weft {
 
-namespace {
-// Message k of collective c with a peer carries tag sequence (c << 20) + k.
-constexpr uint32_t kMaxMessagesPerPeer = 1u << 20;
-}  // namespace
-
 Status compile_program(algo::Program program, CompiledProgram* out) {
   const size_t n = program.steps.size();
   out->dependents_begin.assign(n + 1, 0);

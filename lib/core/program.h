@@ -13,6 +13,13 @@
 
 namespace weft {
 
+// Message k of a collective with a peer carries tag sequence (c << 20) + k,
+// for the collective's sequence number c.
+inline constexpr uint32_t kMaxMessagesPerPeer = 1u << 20;
+// A job that runs a second program (executor.h, JobStage) numbers that
+// one's messages from here: the first stays below, the second above.
+inline constexpr uint32_t kSecondStageMessages = kMaxMessagesPerPeer / 2;
+
 // A program plus what the executor needs to run it: who waits on whom, and
 // which message between a pair of ranks each Send/Recv is (its tag).
 struct CompiledProgram {

@@ -80,7 +80,9 @@ void expect_ok(const Case& c, uint64_t order_seed = 0) {
   if (c.pair.second == Collective::AllToAllv) run.in_place = false;
   SimOptions options = options_for(c);
   options.order_seed = order_seed;
-  const SimResult res = simulate(run.params(), options);
+  Params params = run.params();
+  params.all_send_counts = options.alltoallv_counts.data();  // hierarchical AllToAllv needs it
+  const SimResult res = simulate(params, options);
   ASSERT_TRUE(res.ok()) << c.text() << "\n" << res.message();
   EXPECT_TRUE(res.values_checked || c.pair.second == Collective::Barrier) << c.text();
   if (c.nranks <= kHazardSweep) {

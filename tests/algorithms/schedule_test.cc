@@ -57,8 +57,8 @@ TEST(Schedule, SupportTable) {
       {A::Hierarchical, C::AllReduce}, {A::Hierarchical, C::ReduceScatter},
       {A::Hierarchical, C::AllGather}, {A::Hierarchical, C::Broadcast},
       {A::Hierarchical, C::Reduce},    {A::Hierarchical, C::AllToAll},
-      {A::NodeLeader, C::AllReduce},   {A::NodeLeader, C::Broadcast},
-      {A::NodeLeader, C::Reduce},
+      {A::Hierarchical, C::AllToAllv}, {A::NodeLeader, C::AllReduce},
+      {A::NodeLeader, C::Broadcast},   {A::NodeLeader, C::Reduce},
   };
   for (int a = 0; a < kNumAlgorithms; ++a) {
     for (int c = 0; c < kNumCollectives; ++c) {
@@ -105,6 +105,27 @@ TEST(Schedule, RejectsBadArguments) {
   EXPECT_TRUE(build(p, &program, &error)) << error;
   p.in_place = true;
   EXPECT_FALSE(build(p, &program, &error));
+
+  // Hierarchical AllToAllv relays others' pieces: it needs the whole count
+  // matrix, consistent with this rank's own counts.
+  p.in_place = false;
+  p.algorithm = Algorithm::Hierarchical;
+  std::string why;
+  EXPECT_FALSE(applicable(p, &why));
+  EXPECT_NE(why.find("all_send_counts"), std::string::npos) << why;
+  EXPECT_FALSE(build(p, &program, &error));
+  EXPECT_EQ(error, why);
+  std::vector<uint64_t> matrix(16, 2);
+  p.all_send_counts = matrix.data();
+  EXPECT_TRUE(applicable(p, &why)) << why;
+  EXPECT_TRUE(build(p, &program, &error)) << error;
+  matrix[3 * 4 + 0] = 5;  // rank 3 claims to send rank 0 more than it expects
+  EXPECT_FALSE(build(p, &program, &error));
+  EXPECT_NE(error.find("rank 3 sends 5 elements"), std::string::npos) << error;
+  matrix[3 * 4 + 0] = 2;
+  matrix[0 * 4 + 1] = 0;  // this rank's row disagrees with its send counts
+  EXPECT_FALSE(build(p, &program, &error));
+  EXPECT_NE(error.find("send counts say 2"), std::string::npos) << error;
 
   p = Params{};
   p.nranks = 3;
@@ -175,7 +196,7 @@ TEST(Schedule, EmptyVectorsGiveEmptyPrograms) {
           Collective(c) == Collective::Barrier)
         continue;
       for (int n : {1, 2, 7}) {
-        const std::vector<uint64_t> zeros(n, 0);
+        const std::vector<uint64_t> zeros(n * n, 0);
         Params p;
         p.collective = Collective(c);
         p.algorithm = Algorithm(a);
@@ -183,6 +204,7 @@ TEST(Schedule, EmptyVectorsGiveEmptyPrograms) {
         p.rank = n - 1;
         p.count = 0;
         p.send_counts = p.recv_counts = p.send_displs = p.recv_displs = zeros.data();
+        p.all_send_counts = zeros.data();
         Program program;
         std::string error;
         ASSERT_TRUE(build(p, &program, &error)) << error;

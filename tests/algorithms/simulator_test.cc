@@ -276,6 +276,7 @@ TEST_P(StrippedDeps, AreCaught) {
   SimOptions options;
   options.alltoallv_counts.resize(36);
   for (int i = 0; i < 36; ++i) options.alltoallv_counts[i] = 1 + i % 4;
+  p.all_send_counts = options.alltoallv_counts.data();
   ASSERT_TRUE(simulate(p, options).ok());
   auto stripped = [](const Params& q, Program* prog, std::string* e) {
     if (!build(q, prog, e)) return false;

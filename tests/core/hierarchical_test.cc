@@ -80,6 +80,70 @@ double reduced(const Reduction& r, int nranks, size_t i) {
   return acc;
 }
 
+// An AllToAllv every rank can predict: rank s sends rank d
+// count(s, d) elements (uneven, about a third zero, `salt` varying them),
+// packed with gaps of (d % 3) elements and an offset, so the receiver must
+// land each piece at its own displacements. Receive gaps hold a marker that
+// must survive.
+class Uneven {
+ public:
+  Uneven(int rank, int nranks, weftDataType_t dtype, int salt)
+      : rank_(rank), n_(nranks), dtype_(dtype), salt_(salt) {
+    size_t send_at = 2, recv_at = 1;
+    for (int q = 0; q < n_; ++q) {
+      send_counts_.push_back(count(rank_, q));
+      send_displs_.push_back(send_at);
+      send_at += send_counts_.back() + q % 3;
+      recv_counts_.push_back(count(q, rank_));
+      recv_displs_.push_back(recv_at);
+      recv_at += recv_counts_.back() + q % 3;
+    }
+    send_.assign(send_at * dtype_size(dtype_), 0);
+    recv_.assign((recv_at + 1) * dtype_size(dtype_), 0);
+    for (int q = 0; q < n_; ++q) {
+      for (size_t i = 0; i < send_counts_[q]; ++i)
+        store_value(dtype_, send_.data(), send_displs_[q] + i, value(rank_, q, i));
+    }
+    for (size_t i = 0; i < recv_at + 1; ++i) store_value(dtype_, recv_.data(), i, kGap);
+  }
+
+  weftResult_t run(weftComm_t comm, weftStream_t stream) {
+    return weftAllToAllv(send_.data(), send_counts_.data(), send_displs_.data(), recv_.data(),
+                         recv_counts_.data(), recv_displs_.data(), dtype_, comm, stream);
+  }
+
+  // Every piece at its displacement, every gap untouched.
+  void check() const {
+    std::vector<double> want(recv_.size() / dtype_size(dtype_), kGap);
+    for (int q = 0; q < n_; ++q) {
+      for (size_t i = 0; i < recv_counts_[q]; ++i) want[recv_displs_[q] + i] = value(q, rank_, i);
+    }
+    int errors = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double got = load_value(dtype_, recv_.data(), i);
+      if (got != want[i] && errors++ < 5)
+        ADD_FAILURE() << "alltoallv rank " << rank_ << " " << dtype_name(dtype_) << " salt "
+                      << salt_ << " [" << i << "]: got " << got << ", want " << want[i];
+    }
+  }
+
+ private:
+  static constexpr double kGap = 99;
+  size_t count(int s, int d) const {
+    const int x = (s * 7 + d * 5 + salt_) % 11;
+    return x % 3 == 0 ? 0 : static_cast<size_t>(x * (salt_ % 4 + 1));
+  }
+  double value(int s, int d, size_t i) const {
+    return static_cast<double>((s * 5 + d * 3 + i + salt_) % 90);
+  }
+
+  int rank_, n_;
+  weftDataType_t dtype_;
+  int salt_;
+  std::vector<size_t> send_counts_, send_displs_, recv_counts_, recv_displs_;
+  std::vector<uint8_t> send_, recv_;
+};
+
 class Checker {
  public:
   Checker(weftComm_t comm, int rank, int nranks) : comm_(comm), rank_(rank), n_(nranks) {}
@@ -97,6 +161,7 @@ class Checker {
       all_gather(dtype, count, in_place);
       broadcast(dtype, count, in_place, root);
       all_to_all(dtype, count, in_place);
+      all_to_allv(dtype, static_cast<int>(count + in_place));
     }
   }
 
@@ -245,6 +310,13 @@ class Checker {
     }
   }
 
+  void all_to_allv(weftDataType_t dtype, int salt) {
+    if (!enabled(Collective::AllToAllv)) return;
+    Uneven exchange(rank_, n_, dtype, salt);
+    ASSERT_EQ(exchange.run(comm_, nullptr), weftSuccess) << weftGetLastError(comm_);
+    exchange.check();
+  }
+
   weftComm_t comm_;
   int rank_;
   int n_;
@@ -261,7 +333,8 @@ struct Setup {
 };
 
 constexpr const char* kHier =
-    "allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier,alltoall:hier";
+    "allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier,alltoall:hier,"
+    "alltoallv:hier";
 constexpr const char* kLeader = "allreduce:leader,broadcast:leader,reduce:leader";
 constexpr const char* kRings =
     "allreduce:tree,reducescatter:ring,allgather:ring,broadcast:chain,reduce:chain";
@@ -282,7 +355,8 @@ void run_setup(const Setup& setup) {
         // Hierarchical ReduceScatter, AllGather and AllToAll refuse unequal nodes.
         if (hier && !setup.equal_nodes) {
           check.refused(7);
-          check.only({Collective::AllReduce, Collective::Broadcast, Collective::Reduce});
+          check.only({Collective::AllReduce, Collective::Broadcast, Collective::Reduce,
+                      Collective::AllToAllv});
         }
         for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
           for (bool in_place : {false, true}) {
@@ -313,6 +387,73 @@ TEST_P(Hierarchical, TwoNodesOfTwo) {
 // folds a's extra ranks into two slices).
 TEST_P(Hierarchical, UnequalNodes) {
   run_setup({2, {0, 1, 0, 0, 1, 0}, GetParam(), false});
+}
+
+// Hierarchical AllToAllv runs in two stages (the counts first): inside a
+// group with other collectives and a second AllToAllv, and queued on a
+// stream between other work, every result exact.
+TEST(HierarchicalAllToAllv, InGroupsAndOnStreams) {
+  ClusterFile file(cluster_json(3, {0, 1, 2, 0, 1, 2}));
+  RunOptions options;
+  options.env = {{"WEFT_TOPO_FILE", file.path()}, {"WEFT_ALGO", kHier}};
+  run_ranks(
+      6,
+      [&](const RankContext& context) {
+        const int rank = context.rank, n = context.nranks;
+        weftComm_t comm = init_comm(context, 30000);
+        const size_t count = 33;
+        const auto sum_of = [&](size_t i) {
+          double acc = 0;
+          for (int q = 0; q < n; ++q) acc += static_cast<double>(pattern_value(q, i) % 20);
+          return acc;
+        };
+        std::vector<int32_t> reduced(count);
+        const auto fill = [&] {
+          for (size_t i = 0; i < count; ++i)
+            reduced[i] = static_cast<int32_t>(pattern_value(rank, i) % 20);
+        };
+        const auto check_reduced = [&] {
+          for (size_t i = 0; i < count; ++i) EXPECT_EQ(reduced[i], sum_of(i)) << i;
+        };
+
+        Uneven first(rank, n, weftFloat32, 5), second(rank, n, weftInt64, 6);
+        fill();
+        ASSERT_EQ(weftGroupStart(), weftSuccess);
+        EXPECT_EQ(first.run(comm, nullptr), weftSuccess);
+        EXPECT_EQ(
+            weftAllReduce(reduced.data(), reduced.data(), count, weftInt32, weftSum, comm, nullptr),
+            weftSuccess);
+        EXPECT_EQ(second.run(comm, nullptr), weftSuccess);
+        ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+        first.check();
+        second.check();
+        check_reduced();
+        const char* algorithm = nullptr;
+        ASSERT_EQ(weftCommLastAlgorithm(comm, &algorithm, nullptr), weftSuccess);
+        EXPECT_STREQ(algorithm, "hier");
+
+        weftStream_t stream;
+        ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
+        Uneven third(rank, n, weftInt8, 7), fourth(rank, n, weftFloat64, 8);
+        fill();
+        ASSERT_EQ(third.run(comm, stream), weftSuccess);
+        ASSERT_EQ(
+            weftAllReduce(reduced.data(), reduced.data(), count, weftInt32, weftSum, comm, stream),
+            weftSuccess);
+        ASSERT_EQ(weftGroupStart(), weftSuccess);
+        EXPECT_EQ(fourth.run(comm, stream), weftSuccess);
+        EXPECT_EQ(
+            weftAllReduce(reduced.data(), reduced.data(), count, weftInt32, weftSum, comm, stream),
+            weftSuccess);
+        ASSERT_EQ(weftGroupEnd(), weftSuccess);
+        ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+        third.check();
+        fourth.check();
+        for (size_t i = 0; i < count; ++i) EXPECT_EQ(reduced[i], n * sum_of(i)) << i;
+        EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+      },
+      options);
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Hierarchical, ::testing::Values(kHier, kLeader, kRings),
