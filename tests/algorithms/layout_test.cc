@@ -446,6 +446,43 @@ TEST(LayoutAllToAllv, StrippedDependenciesAreCaught) {
   EXPECT_FALSE(simulate(p, options, stripped).ok());
 }
 
+// Points `p` at rank r's counts from `options`, every piece `spacing`
+// elements from the last in both buffers (the arrays live here).
+struct RankView {
+  std::vector<uint64_t> recv_counts, displs;
+  RankView(Params* p, const SimOptions& options, int r, uint64_t spacing) {
+    const size_t n = static_cast<size_t>(p->nranks);
+    for (size_t q = 0; q < n; ++q) {
+      recv_counts.push_back(options.alltoallv_counts[q * n + r]);
+      displs.push_back(q * spacing);
+    }
+    p->rank = r;
+    p->send_counts = &options.alltoallv_counts[r * n];
+    p->recv_counts = recv_counts.data();
+    p->send_displs = p->recv_displs = displs.data();
+  }
+};
+
+// What rank r has for other nodes' ranks: non-empty pieces, nodes with
+// data, elements.
+struct ForOtherNodes {
+  uint64_t pieces = 0, nodes = 0, elements = 0;
+};
+ForOtherNodes for_other_nodes(const Layout& layout, const SimOptions& options, int r) {
+  const size_t n = layout.node_of.size();
+  ForOtherNodes out;
+  std::vector<uint64_t> per_node(n, 0);
+  for (size_t q = 0; q < n; ++q) {
+    const uint64_t c = options.alltoallv_counts[r * n + q];
+    if (layout.node_of[q] == layout.node_of[r]) continue;
+    out.elements += c;
+    out.pieces += c > 0;
+    per_node[layout.node_of[q]] += c;
+  }
+  out.nodes = std::count_if(per_node.begin(), per_node.end(), [](uint64_t c) { return c > 0; });
+  return out;
+}
+
 // Each rank sends one aggregated message to each other node it has data
 // for (N - 1 when every count is non-zero), where pairwise sends one per
 // non-empty piece there, and across nodes it moves exactly what it has for
@@ -459,38 +496,18 @@ TEST(LayoutAllToAllv, OneMessagePerOtherNode) {
       if (!zeros) {
         for (uint64_t& c : options.alltoallv_counts) c = std::max<uint64_t>(c, 1);
       }
-      const uint64_t chunk = zeros ? 1000 : 0;
-      Params p = hier_alltoallv(l.layout, options, chunk);
+      Params p = hier_alltoallv(l.layout, options, zeros ? 1000 : 0);
       for (int r = 0; r < n; ++r) {
-        p.rank = r;
-        const uint64_t* row = &options.alltoallv_counts[static_cast<size_t>(r) * n];
-        std::vector<uint64_t> recv_counts, at;
-        for (int q = 0; q < n; ++q) {
-          recv_counts.push_back(options.alltoallv_counts[static_cast<size_t>(q) * n + r]);
-          at.push_back(q * 50);
-        }
-        p.send_counts = row;
-        p.recv_counts = recv_counts.data();
-        p.send_displs = p.recv_displs = at.data();
-        uint64_t across = 0;
-        int other_pieces = 0;
-        std::vector<uint64_t> per_node(n, 0);
-        for (int q = 0; q < n; ++q) {
-          if (l.layout.node_of[q] == l.layout.node_of[r]) continue;
-          across += row[q];
-          other_pieces += row[q] > 0;
-          per_node[l.layout.node_of[q]] += row[q];
-        }
-        const auto fed =
-            std::count_if(per_node.begin(), per_node.end(), [](uint64_t c) { return c > 0; });
+        const RankView view(&p, options, r, 50);
+        const ForOtherNodes want = for_other_nodes(l.layout, options, r);
         if (!zeros) {
-          EXPECT_EQ(fed, l.nodes - 1) << l.name;
+          EXPECT_EQ(want.nodes, static_cast<uint64_t>(l.nodes - 1)) << l.name;
         }
         const Crossing got = crossing(p, l.layout);
-        EXPECT_EQ(got.messages, static_cast<uint64_t>(fed)) << l.name << " rank " << r;
-        EXPECT_EQ(got.elements, across) << l.name << " rank " << r;
+        EXPECT_EQ(got.messages, want.nodes) << l.name << " rank " << r;
+        EXPECT_EQ(got.elements, want.elements) << l.name << " rank " << r;
         p.algorithm = Algorithm::Pairwise;
-        EXPECT_EQ(crossing(p, l.layout).messages, static_cast<uint64_t>(other_pieces)) << l.name;
+        EXPECT_EQ(crossing(p, l.layout).messages, want.pieces) << l.name;
         p.algorithm = Algorithm::Hierarchical;
       }
     }
@@ -500,8 +517,8 @@ TEST(LayoutAllToAllv, OneMessagePerOtherNode) {
 // The measurement behind the schedule: 4 nodes of 8 ranks (interleaved),
 // random counts up to 4096 with zeros. Both schedules are exact in the
 // simulator; per rank, pairwise crosses nodes once per non-empty piece for
-// another node's ranks, hier once per other node it has data for. Prints
-// the figures.
+// another node's ranks, hier once per other node (it has data for all
+// three here). Prints the figures.
 TEST(LayoutAllToAllv, FourNodesOfEightAgainstPairwise) {
   Layout layout;
   for (int r = 0; r < 32; ++r) layout.node_of.push_back(r % 4);
@@ -514,29 +531,11 @@ TEST(LayoutAllToAllv, FourNodesOfEightAgainstPairwise) {
     ASSERT_TRUE(res.ok()) << res.message();
     uint64_t most = 0, least = UINT64_MAX, total = 0, elements = 0, messages = 0;
     for (int r = 0; r < n; ++r) {
-      const uint64_t* row = &options.alltoallv_counts[static_cast<size_t>(r) * n];
-      std::vector<uint64_t> column, at;
-      for (int q = 0; q < n; ++q) {
-        column.push_back(options.alltoallv_counts[static_cast<size_t>(q) * n + r]);
-        at.push_back(q * 4096);
-      }
-      p.rank = r;
-      p.send_counts = row;
-      p.recv_counts = column.data();
-      p.send_displs = p.recv_displs = at.data();
+      const RankView view(&p, options, r, 4096);
+      const ForOtherNodes want = for_other_nodes(layout, options, r);
+      EXPECT_EQ(want.nodes, 3u);
       const Crossing got = crossing(p, layout);
-      uint64_t want = 0;
-      std::vector<uint64_t> per_node(4, 0);
-      for (int q = 0; q < n; ++q) {
-        if (layout.node_of[q] == layout.node_of[r]) continue;
-        want += a == Algorithm::Pairwise && row[q] > 0;
-        per_node[layout.node_of[q]] += row[q];
-      }
-      if (a == Algorithm::Hierarchical) {
-        want = std::count_if(per_node.begin(), per_node.end(), [](uint64_t c) { return c > 0; });
-        EXPECT_EQ(want, 3u);  // every rank has data for every other node here
-      }
-      EXPECT_EQ(got.messages, want) << "rank " << r;
+      EXPECT_EQ(got.messages, a == Algorithm::Pairwise ? want.pieces : want.nodes) << r;
       most = std::max(most, got.messages);
       least = std::min(least, got.messages);
       total += got.messages;
