@@ -367,9 +367,9 @@ void deliver(Emitter& e, const Held& piece, const Range& home) {
 }  // namespace
 
 // Two hops, as hier AllToAll, with counts from the full matrix: every rank
-// sends each other node it has data for, in one message, all it has for that node's ranks,
-// to the rank there with its own local index (modulo the node's size, so
-// nodes may differ in size). Each rank then sends every rank of its node,
+// sends each other node it has data for, in one message, all it has for
+// that node's ranks, to the rank there with its own local index (modulo
+// the node's size, so nodes may differ in size). Each rank then sends every rank of its node,
 // in one message, the pieces for it from itself and from the ranks it
 // relays for, and every piece lands at its receiver's recv_displs. A
 // message made of one non-empty piece is sent from, and lands at, that
@@ -386,8 +386,9 @@ void hier_alltoallv(const Params& p, Emitter& e) {
     const std::vector<int>& group = nodes.ranks[k];
     return group[index % group.size()];
   };
-  // The ranks whose pieces for this node local index x hands out: itself,
-  // then (node by node) those that send this node their message through it.
+  // The ranks whose pieces for this node the rank at local index x hands
+  // out: itself, then (node by node) those whose message for this node it
+  // receives.
   const auto sources = [&](int x) {
     std::vector<int> out = {local[x]};
     for (int k = 0; k < nn; ++k) {

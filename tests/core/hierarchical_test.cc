@@ -416,6 +416,17 @@ TEST(HierarchicalAllToAllv, InGroupsAndOnStreams) {
           for (size_t i = 0; i < count; ++i) EXPECT_EQ(reduced[i], sum_of(i)) << i;
         };
 
+        // Argument errors show when the call is made, before the counts are
+        // exchanged (an in-place AllToAllv does not exist).
+        std::vector<size_t> ones(n, 1), displs(n);
+        for (int q = 0; q < n; ++q) displs[q] = q;
+        std::vector<float> both(n);
+        EXPECT_EQ(weftAllToAllv(both.data(), ones.data(), displs.data(), both.data(), ones.data(),
+                                displs.data(), weftFloat32, comm, nullptr),
+                  weftInvalidArgument);
+        EXPECT_NE(std::string(weftGetLastError(comm)).find("in-place"), std::string::npos)
+            << weftGetLastError(comm);
+
         Uneven first(rank, n, weftFloat32, 5), second(rank, n, weftInt64, 6);
         fill();
         ASSERT_EQ(weftGroupStart(), weftSuccess);
