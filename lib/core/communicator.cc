@@ -168,11 +168,13 @@ Communicator::~Communicator() {
   }
   // The bootstrap goes first: its control thread may still report failures.
   bootstrap_.reset();
-  if (failed_code_.load(std::memory_order_acquire) != weftSuccess) {
-    // Tearing down UCX endpoints to a peer that became unreachable can block
-    // in the kernel for minutes (a TCP send into a full buffer), and destroy
-    // and abort must return promptly: a failed communicator's transport is
-    // abandoned, kept reachable here and never destroyed (not even at exit).
+  const weftResult_t failure = failed_code_.load(std::memory_order_acquire);
+  if (failure != weftSuccess && failure != weftInvalidUsage && failure != weftInvalidArgument) {
+    // A timeout or a peer's failure may come with an unreachable peer, and
+    // tearing down UCX endpoints to one can block in the kernel for minutes
+    // (a TCP send into a full buffer), while destroy and abort must return
+    // promptly: the transport is abandoned, kept reachable here and never
+    // destroyed (not even at exit). Caller mistakes leave every peer reachable.
     static std::mutex abandoned_mutex;
     static auto* abandoned = new std::vector<std::unique_ptr<ucx::Transport>>;
     std::lock_guard<std::mutex> lock(abandoned_mutex);

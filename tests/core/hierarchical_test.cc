@@ -238,7 +238,7 @@ class Checker {
     ASSERT_EQ(weftReduceScatter(send.data(), out, count, r.dtype, r.op, comm_, nullptr),
               weftSuccess)
         << weftGetLastError(comm_);
-    if (in_place) memcpy(recv.data(), out, count * size);
+    if (in_place && count > 0) memcpy(recv.data(), out, count * size);
     for (size_t i = 0; i < count; ++i) {
       expect_value(r.dtype, recv, i, reduced(r, n_, rank_ * count + i), "reducescatter", count);
     }
@@ -266,7 +266,7 @@ class Checker {
     for (size_t i = 0; i < count; ++i) store_value(dtype, send.data(), i, item(rank_, i));
     const void* in = send.data();
     if (in_place) {
-      memcpy(recv.data() + rank_ * count * size, send.data(), count * size);
+      if (count > 0) memcpy(recv.data() + rank_ * count * size, send.data(), count * size);
       in = recv.data() + rank_ * count * size;
     }
     ASSERT_EQ(weftAllGather(in, recv.data(), count, dtype, comm_, nullptr), weftSuccess)
