@@ -14,6 +14,8 @@ namespace {
 constexpr size_t kLine = 64;
 constexpr int64_t kDefaultStagingBytes = 4 << 20;
 constexpr int64_t kMinStagingBytes = 4096;
+// Below this, staging (one synchronisation) beats reading in place (two).
+constexpr int64_t kDefaultZeroCopyBytes = 8192;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -133,6 +135,8 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
   rank_ = rank;
   nranks_ = nranks;
   registry_ = registry;
+  zero_copy_bytes_ = static_cast<uint64_t>(
+      std::max<int64_t>(0, env_int("WEFT_SHM_ZERO_COPY_BYTES", kDefaultZeroCopyBytes)));
   if (nranks > 1 && !same_node) return Status::Ok();
   if (nranks > 1 && env_int("WEFT_SHM_DISABLE", 0) != 0) {
     WEFT_LOG(INFO, INIT, "shared memory disabled by WEFT_SHM_DISABLE");
@@ -367,6 +371,8 @@ bool DirectState::shareable(const Job& job, const std::byte* input, SharedLocati
   const size_t bytes = call.count * job.math.element_size;
   const std::byte* out = job.output;
   *where = SharedLocation{};
+  // Ranks may differ in their threshold: any refusal stages the op everywhere.
+  if (bytes < zero_copy_bytes_) return false;
   if (call.collective == algo::Collective::Broadcast && rank_ != call.root)
     return true;  // peers read nothing of this rank
   if (registry_ == nullptr || !registry_->covers(input, bytes) || !find_shared(input, bytes, where))

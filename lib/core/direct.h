@@ -17,9 +17,11 @@
 // read in place, and where); a rank whose input cannot knows at once that the
 // op is staged, the others read every offer, so all decide alike. The owner
 // completes the op (and so hands the buffer back to the user) only after
-// every peer raised its done word for the op. OneShot AllReduce, Reduce,
-// AllGather and Broadcast take it; in-place AllReduce and Reduce are staged
-// (a rank would overwrite its input while peers read it).
+// every peer raised its done word for the op. Messages below
+// WEFT_SHM_ZERO_COPY_BYTES are staged (one synchronisation instead of two).
+// OneShot AllReduce, Reduce, AllGather and Broadcast take it; in-place
+// AllReduce and Reduce are staged (a rank would overwrite its input while
+// peers read it).
 #pragma once
 
 #include <atomic>
@@ -143,6 +145,7 @@ class DirectState {
   std::atomic<uint64_t> tickets_issued_{0};
   std::atomic<uint64_t> tickets_done_{0};
   const Registry* registry_ = nullptr;
+  uint64_t zero_copy_bytes_ = 0;  // smaller messages are staged
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed
   // allocation stays mapped here until the cache is next emptied.
   std::map<std::pair<uint32_t, uint64_t>, shm::Segment> peer_memory_;

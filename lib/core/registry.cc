@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 
 #include "common/log.h"
@@ -57,7 +58,10 @@ const Allocation* find_locked(Allocations& state, const void* data, size_t bytes
 }  // namespace
 
 std::string shared_memory_name(uint32_t pid, uint64_t serial) {
-  return "/" + std::string(kPrefix) + "-" + std::to_string(pid) + "-" + std::to_string(serial);
+  char name[64];
+  snprintf(name, sizeof(name), "/%s-%u-%llu", kPrefix, pid,
+           static_cast<unsigned long long>(serial));
+  return name;
 }
 
 Status shared_alloc(size_t bytes, void** out) {

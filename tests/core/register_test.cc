@@ -176,7 +176,7 @@ class ZeroCopyMatrix : public NoLeftovers, public ::testing::WithParamInterface<
 // reductions are staged, the rest read in place).
 TEST_P(ZeroCopyMatrix, ExactInAndOutOfPlace) {
   RunOptions options;
-  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}};
+  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_SHM_ZERO_COPY_BYTES", "0"}};
   run_ranks(
       GetParam(),
       [](const RankContext& context) {
@@ -199,8 +199,9 @@ TEST_P(ZeroCopyMatrix, ExactInAndOutOfPlace) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroCopyMatrix, ::testing::Values(2, 3, 4));
 
-// A message 4096 times the staging, in one step: the peers' segments are
-// mapped (a staged op never maps them) and the sums are exact.
+// A small message is staged; one 4096 times the staging is read in place in
+// one step: the peers' segments are mapped (a staged op never maps them) and
+// the sums are exact.
 TEST_F(NoLeftovers, LargeMessageIsReadInPlace) {
   RunOptions options;
   options.env = {{"WEFT_SHM_BYTES", kSmallStaging}};
@@ -214,6 +215,9 @@ TEST_F(NoLeftovers, LargeMessageIsReadInPlace) {
           SharedBuffer in(comm, count * sizeof(int32_t)), out(comm, count * sizeof(int32_t));
           for (size_t i = 0; i < count; ++i)
             in.get<int32_t>()[i] = static_cast<int32_t>(pattern_value(context.rank, i));
+          // Below WEFT_SHM_ZERO_COPY_BYTES (default 8 KiB), staged.
+          ASSERT_EQ(weftAllReduce(in.get(), out.get(), 7, weftInt32, weftSum, comm, nullptr),
+                    weftSuccess);
           EXPECT_TRUE(mapped_peer_pids().empty());
           ASSERT_EQ(weftAllReduce(in.get(), out.get(), count, weftInt32, weftSum, comm, nullptr),
                     weftSuccess)
@@ -237,7 +241,7 @@ TEST_F(NoLeftovers, LargeMessageIsReadInPlace) {
 // not register: every op is staged (nobody maps a peer), still exact.
 TEST_F(NoLeftovers, MixedRegistrationsAreStaged) {
   RunOptions options;
-  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}};
+  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_SHM_ZERO_COPY_BYTES", "0"}};
   run_ranks(
       3,
       [](const RankContext& context) {
