@@ -20,6 +20,7 @@
 #include "support/direct_cases.h"
 #include "support/multirank.h"
 #include "weft/weft.h"
+#include "weft/weft.hpp"
 
 namespace weft::testing {
 namespace {
@@ -328,6 +329,37 @@ TEST_F(NoLeftovers, InputRewrittenRightAfterReturn) {
     EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
     EXPECT_EQ(weftCommDestroy(world), weftSuccess);
   });
+}
+
+// The C++ wrappers: memory and registration released with their objects.
+TEST_F(NoLeftovers, CppWrappers) {
+  RunOptions options;
+  options.env = {{"WEFT_ALGO", "allreduce:oneshot"}};
+  run_ranks(
+      2,
+      [](const RankContext& context) {
+        weft::Comm comm =
+            weft::Comm::init(context.nranks, weft::UniqueId::from_bytes(context.id), context.rank);
+        const size_t count = 4096;
+        {
+          weft::SharedMemory in(count * sizeof(float)), out(count * sizeof(float));
+          weft::Registration in_registered(comm, in), out_registered(comm, out);
+          EXPECT_EQ(weft_segments(getpid(), kMemPrefix).size(), 2u);
+          std::span<float> x = in.as<float>(), y = out.as<float>();
+          ASSERT_EQ(x.size(), count);
+          for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(context.rank + i);
+          ASSERT_EQ(
+              weftAllReduce(x.data(), y.data(), count, weftFloat32, weftSum, comm.get(), nullptr),
+              weftSuccess);
+          size_t wrong = 0;
+          for (size_t i = 0; i < count; ++i) wrong += y[i] != static_cast<float>(1 + 2 * i);
+          EXPECT_EQ(wrong, 0u);
+          EXPECT_EQ(mapped_peer_pids().size(), 1u);
+        }
+        EXPECT_TRUE(weft_segments(getpid(), kMemPrefix).empty());
+        EXPECT_THROW(weft::SharedMemory(0), weft::Error);
+      },
+      options);
 }
 
 // Names still allocated at exit are removed then; a killed process's names
