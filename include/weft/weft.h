@@ -232,9 +232,11 @@ WEFT_API weftResult_t weftEventDestroy(weftEvent_t event);
  * weftCommRegister records any host buffer with a communicator (the handle
  * is for weftCommDeregister). When every rank's input of a direct
  * (shared-memory) collective lies in registered weftMemAlloc memory, the
- * peers read it in place instead of through staging: OneShot AllReduce,
- * Reduce, AllGather and Broadcast, out of place (in-place AllReduce/Reduce
- * are staged). Other registered memory is still staged. */
+ * peers read it in place instead of through staging, and the call returns
+ * once every peer finished reading: OneShot AllReduce and Reduce out of
+ * place, AllGather and Broadcast in or out of place, from
+ * WEFT_SHM_ZERO_COPY_BYTES per rank up. Everything else (other registered
+ * memory included) is still staged. */
 WEFT_API weftResult_t weftMemAlloc(void** ptr, size_t size);
 WEFT_API weftResult_t weftMemFree(void* ptr);
 WEFT_API weftResult_t weftCommRegister(const weftComm_t comm, void* buff, size_t size,

@@ -1,13 +1,15 @@
 // weftMemAlloc/weftMemFree and weftCommRegister/weftCommDeregister: argument
 // errors; direct collectives whose peers read registered weftMemAlloc
-// buffers in place (zero copy), checked exactly and proven to be taken (the
-// peers' segments are mapped); mixed registrations staged, still exact; the
-// user's buffer rewritten the moment a call returns; and no weft-mem segment
-// left in /dev/shm, after a normal exit or a killed process.
+// buffers in place (zero copy), blocking and on a stream, checked exactly
+// and proven to be taken (the peers' segments are mapped); mixed
+// registrations staged, still exact; the user's buffer rewritten the moment
+// a call returns; and no weft-mem segment left in /dev/shm, after a normal
+// exit or a killed process.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -119,6 +121,12 @@ TEST(MemAlloc, ErrorsAndReuse) {
   int on_stack = 0;
   EXPECT_EQ(weftMemFree(&on_stack), weftInvalidArgument);
   EXPECT_TRUE(contains(weftGetLastError(nullptr), "weftMemAlloc")) << weftGetLastError(nullptr);
+
+  // More than /dev/shm holds: an error naming it, and nothing left behind.
+  EXPECT_EQ(weftMemAlloc(&p, size_t{1} << 50), weftSystemError);
+  EXPECT_TRUE(contains(weftGetLastError(nullptr), "/dev/shm")) << weftGetLastError(nullptr);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_TRUE(weft_segments(getpid(), kMemPrefix).empty());
 
   const long page = sysconf(_SC_PAGESIZE);
   for (int round = 0; round < 3; ++round) {
@@ -265,6 +273,41 @@ TEST_F(NoLeftovers, MixedRegistrationsAreStaged) {
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
       options);
+}
+
+// Queued on a stream (run by the progress thread), one after the other.
+TEST_F(NoLeftovers, StreamQueuedOpsReadInPlace) {
+  run_ranks(3, [](const RankContext& context) {
+    weftComm_t world = init_comm(context);
+    weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+    const size_t count = 8192, ops = 8;
+    {
+      SharedBuffer in(comm, ops * count * sizeof(int32_t)),
+          out(comm, ops * count * sizeof(int32_t));
+      int32_t* input = in.get<int32_t>();
+      int32_t* output = out.get<int32_t>();
+      for (size_t i = 0; i < ops * count; ++i)
+        input[i] = static_cast<int32_t>(pattern_value(context.rank, i));
+      weftStream_t stream = nullptr;
+      ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
+      for (size_t op = 0; op < ops; ++op)
+        ASSERT_EQ(weftAllReduce(input + op * count, output + op * count, count, weftInt32, weftMax,
+                                comm, stream),
+                  weftSuccess);
+      ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+      EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+      size_t wrong = 0;
+      for (size_t i = 0; i < ops * count; ++i) {
+        int64_t want = pattern_value(0, i);
+        for (int q = 1; q < context.nranks; ++q) want = std::max(want, pattern_value(q, i));
+        wrong += output[i] != want;
+      }
+      EXPECT_EQ(wrong, 0u);
+      EXPECT_EQ(mapped_peer_pids().size(), static_cast<size_t>(context.nranks - 1));
+    }
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+    EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+  });
 }
 
 // Each rank rewrites its input the moment a call returns: had a rank returned
