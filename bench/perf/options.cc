@@ -28,6 +28,8 @@ const char* const kUsage =
     "  -z, --blocking 0|1        accepted for compatibility (calls block without a stream)\n"
     "  -T, --timeout S           bound every wait to S seconds (default: WEFT_TIMEOUT_MS)\n"
     "  -A, --algo ALGO           force an algorithm: sets WEFT_ALGO=<collective>:ALGO\n"
+    "  -R, --local_register 0|1  1: buffers from weftMemAlloc, registered with the\n"
+    "                            communicator (direct algorithms read them in place)\n"
     "  -t, -g, -m 1              nccl-tests' threads, GPUs and aggregation; only 1 is supported\n"
     "      --json                one JSON object per row instead of the table\n"
     "  -h, --help                this text\n";
@@ -140,6 +142,12 @@ const std::vector<Flag>& flags() {
        [](Options* o, const std::string& v) {
          o->algorithm = v;
          return !v.empty();
+       }},
+      {'R', "local_register", true,
+       [](Options* o, const std::string& v) {
+         std::optional<int> mode = parse_int_in(v, 0, 1);
+         if (mode) o->register_buffers = *mode == 1;
+         return mode.has_value();
        }},
       {'t', "nthreads", true, [](Options*, const std::string& v) { return only_one(v); }},
       {'g', "ngpus", true, [](Options*, const std::string& v) { return only_one(v); }},

@@ -29,6 +29,8 @@ struct Options {
   int blocking = 0;       // accepted and echoed: with no stream every call already blocks
   int timeout_s = 0;      // > 0: the communicator's bound on every wait
   std::string algorithm;  // -A: forced through WEFT_ALGO
+  // -R 1: buffers from weftMemAlloc, registered with the communicator.
+  bool register_buffers = false;
   bool json = false;
   bool help = false;
 };

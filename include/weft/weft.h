@@ -223,6 +223,26 @@ WEFT_API weftResult_t weftEventSynchronize(weftEvent_t event);
 WEFT_API weftResult_t weftEventQuery(weftEvent_t event);
 WEFT_API weftResult_t weftEventDestroy(weftEvent_t event);
 
+/* Buffers peers on this node can read in place. weftMemAlloc returns
+ * page-aligned host memory backed by a POSIX shared-memory segment
+ * (/dev/shm/weft-mem-<pid>-<n>, linked while allocated so that peers can map
+ * it); weftMemFree unmaps and removes it, and names still allocated at exit
+ * are removed then. A process that crashes leaves its names behind: the next
+ * process's first weftMemAlloc on the node removes those whose pid is gone.
+ * weftCommRegister records any host buffer with a communicator (the handle
+ * is for weftCommDeregister). When every rank's input of a direct
+ * (shared-memory) collective lies in registered weftMemAlloc memory, the
+ * peers read it in place instead of through staging, and the call returns
+ * once every peer finished reading: OneShot AllReduce and Reduce out of
+ * place, AllGather and Broadcast in or out of place, from
+ * WEFT_SHM_ZERO_COPY_BYTES per rank up. Everything else (other registered
+ * memory included) is still staged. */
+WEFT_API weftResult_t weftMemAlloc(void** ptr, size_t size);
+WEFT_API weftResult_t weftMemFree(void* ptr);
+WEFT_API weftResult_t weftCommRegister(const weftComm_t comm, void* buff, size_t size,
+                                       void** handle);
+WEFT_API weftResult_t weftCommDeregister(const weftComm_t comm, void* handle);
+
 /* Pre-multiplied sum: every rank's input is multiplied by *scalar (one value
  * of datatype) before summing. Values equal ncclScalarResidence_t. */
 typedef enum { weftScalarDevice = 0, weftScalarHostImmediate = 1 } weftScalarResidence_t;

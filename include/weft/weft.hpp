@@ -141,6 +141,58 @@ class Comm {
   weftComm_t comm_ = nullptr;
 };
 
+// Memory from weftMemAlloc (peers on this node can map it), freed with the object.
+class SharedMemory {
+ public:
+  SharedMemory() = default;
+  explicit SharedMemory(size_t bytes) : bytes_(bytes) { check(weftMemAlloc(&data_, bytes)); }
+  SharedMemory(SharedMemory&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  SharedMemory& operator=(SharedMemory&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  SharedMemory(const SharedMemory&) = delete;
+  SharedMemory& operator=(const SharedMemory&) = delete;
+  ~SharedMemory() { reset(); }
+
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  template <typename T>
+  std::span<T> as() const {
+    return {static_cast<T*>(data_), bytes_ / sizeof(T)};
+  }
+
+ private:
+  void reset() {
+    if (data_ != nullptr) weftMemFree(std::exchange(data_, nullptr));
+  }
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A buffer registered with a communicator (weftCommRegister) for the object's
+// lifetime, which must end before the communicator's.
+class Registration {
+ public:
+  Registration(const Comm& comm, void* buff, size_t size) : comm_(comm.get()) {
+    check(weftCommRegister(comm_, buff, size, &handle_));
+  }
+  explicit Registration(const Comm& comm, const SharedMemory& memory)
+      : Registration(comm, memory.data(), memory.size()) {}
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+  ~Registration() { weftCommDeregister(comm_, handle_); }
+
+ private:
+  weftComm_t comm_;
+  void* handle_ = nullptr;
+};
+
 // weftGroupStart for the object's lifetime; end() reports the group's result.
 class Group {
  public:

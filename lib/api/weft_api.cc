@@ -14,6 +14,7 @@
 #include "core/communicator.h"
 #include "core/env_launch.h"
 #include "core/group.h"
+#include "core/registry.h"
 #include "core/stream.h"
 #include "weft/weft.h"
 
@@ -607,6 +608,46 @@ weftResult_t weftRedOpDestroy(weftRedOp_t op, weftComm_t comm) {
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
     WEFT_RETURN_IF_ERROR(check_op(raw_value(&op)));
     return impl->destroy_premulsum(op);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftMemAlloc(void** ptr, size_t size) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(ptr, "ptr"));
+    *ptr = nullptr;
+    return weft::shared_alloc(size, ptr);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftMemFree(void* ptr) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(ptr, "ptr"));
+    return weft::shared_free(ptr);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommRegister(const weftComm_t comm, void* buff, size_t size, void** handle) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(handle, "handle"));
+    *handle = nullptr;
+    WEFT_RETURN_IF_ERROR(check_out_pointer(buff, "buff"));
+    if (size == 0) return Error(weftInvalidArgument, "size is 0");
+    return impl->registry().add(buff, size, handle);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommDeregister(const weftComm_t comm, void* handle) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(handle, "handle"));
+    return impl->registry().remove(handle);
   };
   return report(run(), __func__);
 }

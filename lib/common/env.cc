@@ -45,6 +45,9 @@ constexpr EnvVar kEnvTable[] = {
      "init, which fails naming /dev/shm when it does not fit."},
     {"WEFT_SHM_DISABLE", "0",
      "1: no shared memory; communicators on one node run only the message-based algorithms."},
+    {"WEFT_SHM_ZERO_COPY_BYTES", "8192",
+     "Smallest message (bytes per rank) that direct collectives read in place from registered "
+     "weftMemAlloc buffers; smaller ones are staged (one synchronisation instead of two)."},
 };
 }  // namespace
 

@@ -142,10 +142,12 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   comm->oversubscribed_ = local_ranks > sysconf(_SC_NPROCESSORS_ONLN);
   Bootstrap* bootstrap = comm->bootstrap_.get();
   Deadline deadline = deadline_after_ms(comm->config_.timeout_ms);
-  WEFT_RETURN_IF_ERROR(comm->direct_->init(rank, nranks, local_ranks == nranks,
-                                           [&](const Blob& mine, std::vector<Blob>* all) {
-                                             return bootstrap->allgather(mine, all, deadline);
-                                           }));
+  WEFT_RETURN_IF_ERROR(comm->direct_->init(
+      rank, nranks, local_ranks == nranks,
+      [&](const Blob& mine, std::vector<Blob>* all) {
+        return bootstrap->allgather(mine, all, deadline);
+      },
+      &comm->registry_));
   comm->tuner_ = std::make_unique<Tuner>(
       tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_));
   comm->p2p_send_sequence_.assign(nranks, 0);

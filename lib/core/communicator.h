@@ -20,6 +20,7 @@
 #include "core/direct.h"
 #include "core/layout.h"
 #include "core/program.h"
+#include "core/registry.h"
 #include "core/tuner.h"
 #include "transports/ucx/ucx_transport.h"
 
@@ -82,6 +83,8 @@ class Communicator {
   bool has_shared_memory() const { return direct_->shared(); }
   // The direct algorithms' state; available() is false when they cannot run.
   DirectState* direct() const { return direct_.get(); }
+  // Buffers registered with weftCommRegister (direct ops read them in place).
+  Registry& registry() { return registry_; }
 
   // Ok while the communicator can run operations; otherwise why not.
   Status usable() const;
@@ -158,6 +161,7 @@ class Communicator {
   std::string failed_message_;
   bool finalized_ = false;
   bool oversubscribed_ = false;
+  Registry registry_;  // outlives direct_, which reads it
   // Made before the bootstrap can report a failure (fail() interrupts it).
   std::unique_ptr<DirectState> direct_ = std::make_unique<DirectState>();
   std::mutex transport_mutex_;

@@ -14,6 +14,12 @@ namespace {
 constexpr size_t kLine = 64;
 constexpr int64_t kDefaultStagingBytes = 4 << 20;
 constexpr int64_t kMinStagingBytes = 4096;
+// Below this, staging (one synchronisation) beats reading in place (two).
+constexpr int64_t kDefaultZeroCopyBytes = 8192;
+// Reductions run over pieces this large, so the result stays in cache across sources.
+constexpr uint64_t kReduceChunkBytes = 64 << 10;
+// Peers' segments kept mapped; beyond that the cache starts afresh.
+constexpr size_t kMaxPeerMappings = 256;
 
 size_t round_up(size_t bytes, size_t to) {
   return (bytes + to - 1) / to * to;
@@ -53,6 +59,42 @@ bool has_slots(algo::Collective collective) {
          collective == algo::Collective::AllToAll || collective == algo::Collective::AllToAllv;
 }
 
+// dst = source(0) op source(1) op ... op source(n-1), where source(q) points
+// at rank q's first element; the order is fixed, so every rank gets the same bits.
+template <typename Source>
+void reduce_ranks(const JobMath& math, int n, std::byte* dst, uint64_t count, Source source) {
+  const size_t e = math.element_size;
+  if (n == 1) {
+    copy_bytes(dst, source(0), count * e);
+    return;
+  }
+  const uint64_t chunk = std::max<uint64_t>(1, kReduceChunkBytes / e);
+  for (uint64_t begin = 0; begin < count; begin += chunk) {
+    const uint64_t length = std::min(chunk, count - begin);
+    const size_t at = begin * e;
+    reduce::apply(math.dtype, math.op, dst + at, source(0) + at, source(1) + at, length);
+    for (int q = 2; q < n; ++q)
+      reduce::apply(math.dtype, math.op, dst + at, dst + at, source(q) + at, length);
+  }
+}
+
+bool overlaps(const std::byte* a, size_t a_bytes, const std::byte* b, size_t b_bytes) {
+  return a < b + b_bytes && b < a + a_bytes;
+}
+
+bool zero_copy_capable(const DirectCall& call) {
+  switch (call.collective) {
+    case algo::Collective::AllReduce:
+      return call.algorithm == algo::Algorithm::OneShot;
+    case algo::Collective::Reduce:
+    case algo::Collective::AllGather:
+    case algo::Collective::Broadcast:
+      return true;
+    default:
+      return false;
+  }
+}
+
 uint64_t ceil_div(uint64_t a, uint64_t b) {
   return (a + b - 1) / b;
 }
@@ -73,6 +115,14 @@ struct DirectState::Control {
   // so the round being read keeps its `more` bit.
   alignas(kLine) std::atomic<uint64_t> ready[2] = {0, 0};
   alignas(kLine) shm::Doorbell bell;
+  // This rank's offer for a zero-copy-capable op: whether peers may read its
+  // input in place and where (pid 0: they need nothing of it). The fields
+  // are written first, then `offer_op` (the op's ticket + 1) is released.
+  alignas(kLine) std::atomic<uint64_t> offer_op{0};
+  std::atomic<uint32_t> offer_shared{0}, offer_pid{0};
+  std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0};
+  // The last zero-copy op in which this rank finished reading its peers' inputs.
+  alignas(kLine) std::atomic<uint64_t> done{0};
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 constexpr size_t kControlBytes = 256;  // keeps the staging well aligned
@@ -80,9 +130,13 @@ static_assert(sizeof(DirectState::Control) <= kControlBytes);
 
 DirectState::~DirectState() = default;
 
-Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& allgather) {
+Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& allgather,
+                         const Registry* registry) {
   rank_ = rank;
   nranks_ = nranks;
+  registry_ = registry;
+  zero_copy_bytes_ = static_cast<uint64_t>(
+      std::max<int64_t>(0, env_int("WEFT_SHM_ZERO_COPY_BYTES", kDefaultZeroCopyBytes)));
   if (nranks > 1 && !same_node) return Status::Ok();
   if (nranks > 1 && env_int("WEFT_SHM_DISABLE", 0) != 0) {
     WEFT_LOG(INFO, INIT, "shared memory disabled by WEFT_SHM_DISABLE");
@@ -180,16 +234,7 @@ uint64_t DirectState::rounds(const Job& job) const {
 
 void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offset_bytes,
                              uint64_t count) const {
-  if (count == 0) return;
-  const JobMath& math = job.math;
-  if (nranks_ == 1) {
-    copy_bytes(dst, staging(0) + offset_bytes, count * math.element_size);
-    return;
-  }
-  reduce::apply(math.dtype, math.op, dst, staging(0) + offset_bytes, staging(1) + offset_bytes,
-                count);
-  for (int q = 2; q < nranks_; ++q)
-    reduce::apply(math.dtype, math.op, dst, dst, staging(q) + offset_bytes, count);
+  reduce_ranks(job.math, nranks_, dst, count, [&](int q) { return staging(q) + offset_bytes; });
 }
 
 bool DirectState::pack(const Job& job, const std::byte* input, uint64_t step) const {
@@ -295,6 +340,12 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   // Ranks agree on whether an op has rounds at all; then it runs until no
   // rank needs another one.
   bool more = rounds(job) > 0;
+  if (more && run->path == DirectRun::Path::Undecided && !choose_path(job, input, run))
+    return false;
+  if (run->path == DirectRun::Path::ZeroCopy) {
+    if (!zero_copy(job, run, progressed)) return false;
+    more = false;
+  }
   while (more) {
     uint64_t round = round_ + 1;
     if (!run->published) {
@@ -315,7 +366,138 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   return true;
 }
 
+bool DirectState::shareable(const Job& job, const std::byte* input, SharedLocation* where) const {
+  const DirectCall& call = *job.direct;
+  const size_t bytes = call.count * job.math.element_size;
+  const std::byte* out = job.output;
+  *where = SharedLocation{};
+  // Ranks may differ in their threshold: any refusal stages the op everywhere.
+  if (bytes < zero_copy_bytes_) return false;
+  if (call.collective == algo::Collective::Broadcast && rank_ != call.root)
+    return true;  // peers read nothing of this rank
+  if (registry_ == nullptr || !registry_->covers(input, bytes) || !find_shared(input, bytes, where))
+    return false;
+  // Peers read the input while this rank writes its output: they must not meet.
+  switch (call.collective) {
+    case algo::Collective::AllReduce:
+      return !overlaps(input, bytes, out, bytes);
+    case algo::Collective::Reduce:
+      return rank_ != call.root || !overlaps(input, bytes, out, bytes);
+    case algo::Collective::AllGather:  // in place, this rank's own part is never written
+      return input == out + rank_ * bytes || !overlaps(input, bytes, out, nranks_ * bytes);
+    case algo::Collective::Broadcast:
+      return input == out || !overlaps(input, bytes, out, bytes);
+    default:
+      return false;
+  }
+}
+
+bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun* run) {
+  using Path = DirectRun::Path;
+  if (!shared() || !zero_copy_capable(*job.direct)) {
+    run->path = Path::Staging;
+    return true;
+  }
+  const uint64_t op = run->ticket + 1;
+  if (!run->offered) {
+    SharedLocation where;
+    bool offer = shareable(job, input, &where);
+    Control& mine = control(rank_);
+    mine.offer_shared.store(offer ? 1 : 0, std::memory_order_relaxed);
+    mine.offer_pid.store(where.pid, std::memory_order_relaxed);
+    mine.offer_serial.store(where.serial, std::memory_order_relaxed);
+    mine.offer_segment_bytes.store(where.segment_bytes, std::memory_order_relaxed);
+    mine.offer_offset.store(where.offset, std::memory_order_relaxed);
+    mine.offer_op.store(op, std::memory_order_release);
+    ring_all();
+    run->offered = true;
+    // Every peer sees this refusal, so all of them stage the op too. A peer
+    // does not overwrite its offer before this rank read it: its next op
+    // needs this one finished, which needs this rank's part.
+    if (!offer) {
+      run->path = Path::Staging;
+      return true;
+    }
+  }
+  for (Control* peer : controls_)
+    if (peer->offer_op.load(std::memory_order_acquire) < op) return false;
+  run->path = Path::ZeroCopy;
+  for (Control* peer : controls_)
+    if (peer->offer_shared.load(std::memory_order_relaxed) == 0) run->path = Path::Staging;
+  if (run->path == Path::Staging) return true;
+  Status mapped = map_inputs(input);
+  if (!mapped.ok()) {
+    // The peers read in place already: failing the communicator is the only way out.
+    job.comm->fail(mapped.code(), mapped.message());
+    return false;
+  }
+  return true;
+}
+
+Status DirectState::map_inputs(const std::byte* input) {
+  if (peer_memory_.size() + nranks_ > kMaxPeerMappings) peer_memory_.clear();
+  sources_.assign(nranks_, nullptr);
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) {
+      sources_[q] = input;
+      continue;
+    }
+    const Control& peer = control(q);
+    uint32_t pid = peer.offer_pid.load(std::memory_order_relaxed);
+    if (pid == 0) continue;
+    std::pair<uint32_t, uint64_t> key{pid, peer.offer_serial.load(std::memory_order_relaxed)};
+    auto it = peer_memory_.find(key);
+    if (it == peer_memory_.end()) {
+      shm::Segment segment;
+      WEFT_RETURN_IF_ERROR(
+          shm::Segment::open(shared_memory_name(key.first, key.second),
+                             peer.offer_segment_bytes.load(std::memory_order_relaxed), &segment));
+      it = peer_memory_.emplace(key, std::move(segment)).first;
+    }
+    sources_[q] = it->second.data() + peer.offer_offset.load(std::memory_order_relaxed);
+  }
+  return Status::Ok();
+}
+
+bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
+  const uint64_t op = run->ticket + 1;
+  if (!run->read) {
+    const DirectCall& call = *job.direct;
+    const size_t bytes = call.count * job.math.element_size;
+    std::byte* out = job.output;
+    switch (call.collective) {
+      case algo::Collective::AllReduce:
+      case algo::Collective::Reduce:
+        if (call.collective == algo::Collective::AllReduce || rank_ == call.root)
+          reduce_ranks(job.math, nranks_, out, call.count, [&](int q) { return sources_[q]; });
+        break;
+      case algo::Collective::AllGather:
+        for (int q = 0; q < nranks_; ++q) copy_bytes(out + q * bytes, sources_[q], bytes);
+        break;
+      case algo::Collective::Broadcast:
+        copy_bytes(out, sources_[call.root], bytes);
+        break;
+      default:
+        break;
+    }
+    control(rank_).done.store(op, std::memory_order_release);
+    ring_all();
+    run->read = true;
+    *progressed = true;
+  }
+  // The input goes back to the user only once no peer reads it any more.
+  for (Control* peer : controls_)
+    if (peer->done.load(std::memory_order_acquire) < op) return false;
+  return true;
+}
+
 std::string DirectState::describe(const DirectRun& run) const {
+  if (run.path == DirectRun::Path::ZeroCopy)
+    return std::string("direct zero-copy op: ") +
+           (run.read ? "waiting for the peers to finish reading this rank's input"
+                     : "reading the peers' inputs");
+  if (run.offered && run.path == DirectRun::Path::Undecided)
+    return "direct op: waiting for the peers' zero-copy offers";
   return "direct round " + std::to_string(run.step) + " with the ranks of this node";
 }
 

@@ -9,18 +9,33 @@
 // publish round r, which each did only after reading round r-1, the last one
 // in that half. Reductions always combine ranks 0, 1, ..., n-1 in that
 // order, so every rank ends with identical bits.
+//
+// Zero copy: when every rank's input lies in weftMemAlloc memory registered
+// with the communicator (and does not overlap what the rank writes), peers
+// read it in place from the owner's segment, in one step of any size, with
+// no staging. Each rank publishes an offer per op (whether its input can be
+// read in place, and where); a rank whose input cannot knows at once that the
+// op is staged, the others read every offer, so all decide alike. The owner
+// completes the op (and so hands the buffer back to the user) only after
+// every peer raised its done word for the op. Messages below
+// WEFT_SHM_ZERO_COPY_BYTES are staged (one synchronisation instead of two).
+// OneShot AllReduce, Reduce, AllGather and Broadcast take it; in-place
+// AllReduce and Reduce are staged (a rank would overwrite its input while
+// peers read it).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "algorithms/schedule.h"
 #include "common/status.h"
+#include "core/registry.h"
 #include "transports/shm/shm.h"
 
 namespace weft {
@@ -44,6 +59,11 @@ struct DirectRun {
   uint64_t step = 0;       // rounds of this job completed
   bool published = false;  // this round's staging is written, peers' not read yet
   bool more = false;       // this rank needs a round after the current one
+  // How the op moves its data; every rank decides alike from the offers.
+  enum class Path : uint8_t { Undecided, Staging, ZeroCopy };
+  Path path = Path::Undecided;
+  bool offered = false;  // this rank's offer for the op is published
+  bool read = false;     // zero copy: this rank read its peers' inputs
 };
 
 class DirectState {
@@ -61,7 +81,9 @@ class DirectState {
   // node. A communicator of one gets private memory; ranks on several nodes,
   // or WEFT_SHM_DISABLE=1, get no direct state (available() is false). A
   // segment that cannot be created or mapped on any rank fails every rank.
-  Status init(int rank, int nranks, bool same_node, const AllGather& allgather);
+  // `registry`: the communicator's registered buffers (outlives this state).
+  Status init(int rank, int nranks, bool same_node, const AllGather& allgather,
+              const Registry* registry);
 
   // Direct algorithms can run (one rank, or shared memory with every peer).
   bool available() const { return !segments_.empty(); }
@@ -101,6 +123,16 @@ class DirectState {
   uint64_t slot_elements(const Job& job) const;
   void reduce_all(const Job& job, std::byte* dst, size_t offset_bytes, uint64_t count) const;
 
+  // Zero copy. Publishes this rank's offer, then (when it could be read in
+  // place) waits for the peers' and decides; false while waiting.
+  bool choose_path(const Job& job, const std::byte* input, DirectRun* run);
+  // Whether peers may read this rank's input in place, and where it lies.
+  bool shareable(const Job& job, const std::byte* input, SharedLocation* where) const;
+  // Points sources_ at every rank's input (mapping peers' segments).
+  Status map_inputs(const std::byte* input);
+  // Reads the peers' inputs, then waits until every peer read this rank's.
+  bool zero_copy(const Job& job, DirectRun* run, bool* progressed);
+
   int rank_ = 0;
   int nranks_ = 0;
   size_t staging_bytes_ = 0;
@@ -112,6 +144,12 @@ class DirectState {
   uint64_t round_ = 0;
   std::atomic<uint64_t> tickets_issued_{0};
   std::atomic<uint64_t> tickets_done_{0};
+  const Registry* registry_ = nullptr;
+  uint64_t zero_copy_bytes_ = 0;  // smaller messages are staged
+  // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed
+  // allocation stays mapped here until the cache is next emptied.
+  std::map<std::pair<uint32_t, uint64_t>, shm::Segment> peer_memory_;
+  std::vector<const std::byte*> sources_;  // every rank's input, for the op in progress
 };
 
 }  // namespace weft

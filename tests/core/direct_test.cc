@@ -3,7 +3,6 @@
 // many rounds, in and out of place, checked exactly; bit-identical float
 // results; groups and streams; a killed peer; /dev/shm errors; and no
 // segment left in /dev/shm, whatever happened.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "algorithms/schedule.h"
+#include "support/direct_cases.h"
 #include "support/multirank.h"
 #include "support/typed_values.h"
 #include "weft/weft.h"
@@ -26,207 +26,8 @@ namespace {
 using algo::Collective;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kPreMulSum = weftNumOps;  // marks the custom op
 constexpr const char* kSmallStaging = "4096";
 constexpr size_t kStagingBytes = 4096;
-
-// Segments Weft left in /dev/shm: "weft-<pid>-..." whose pid is `pid` (0: any
-// pid no longer alive, i.e. leaked by a process that is gone).
-std::vector<std::string> weft_segments(pid_t pid) {
-  std::vector<std::string> found;
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return found;
-  while (dirent* entry = readdir(dir)) {
-    int owner = 0;
-    if (sscanf(entry->d_name, "weft-%d-", &owner) != 1) continue;
-    bool match = pid != 0 ? owner == pid : kill(owner, 0) != 0 && errno == ESRCH;
-    if (match) found.push_back(entry->d_name);
-  }
-  closedir(dir);
-  return found;
-}
-
-// Checks, around a multi-rank test, that no segment outlives its processes.
-class NoLeftovers : public ::testing::Test {
- protected:
-  void TearDown() override {
-    EXPECT_EQ(weft_segments(0), std::vector<std::string>()) << "segments left in /dev/shm";
-  }
-};
-
-// A communicator (split from `parent`) forcing `algorithm` for every collective it implements.
-weftComm_t direct_comm(weftComm_t parent, int rank, algo::Algorithm algorithm, int timeout_ms = 0) {
-  std::string spec;
-  for (int c = 0; c < algo::kNumCollectives; ++c)
-    if (algo::supports(algorithm, static_cast<Collective>(c)))
-      spec += (spec.empty() ? "" : ",") +
-              std::string(algo::collective_name(static_cast<Collective>(c))) + ":" +
-              algo::algorithm_name(algorithm);
-  weftConfig_t config = WEFT_CONFIG_INITIALIZER;
-  config.algorithms = spec.c_str();
-  if (timeout_ms > 0) config.timeoutMs = timeout_ms;
-  weftComm_t comm = nullptr;
-  EXPECT_EQ(weftCommSplit(parent, 0, rank, &comm, &config), weftSuccess)
-      << weftGetLastError(parent);
-  // Attached everywhere: the names are gone already.
-  EXPECT_EQ(weft_segments(getpid()), std::vector<std::string>());
-  return comm;
-}
-
-bool is_reduction(Collective c) {
-  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
-}
-
-struct Case {
-  Collective collective;
-  weftDataType_t dtype;
-  int op;
-  size_t count;
-  bool in_place;
-  int root;
-};
-
-// Small integers: every reduction of them is exact in every dtype used here.
-double input_value(const Case& c, int q, size_t i) {
-  if (!is_reduction(c.collective)) return static_cast<double>((q * 5 + i) % 11);
-  if (c.op == weftProd) return static_cast<double>((q + i) % 2 + 1);
-  return static_cast<double>((q + 2 * i) % 3);
-}
-
-// The expected reduction of element i, as an element of c.dtype.
-std::vector<uint8_t> reduced(const Case& c, int nranks, size_t i) {
-  double value = c.op == weftProd ? 1 : c.op == weftMax ? -1e300 : c.op == weftMin ? 1e300 : 0;
-  for (int q = 0; q < nranks; ++q) {
-    double v = input_value(c, q, i) * (c.op == kPreMulSum ? 2 : 1);
-    value = c.op == weftProd  ? value * v
-            : c.op == weftMax ? std::max(value, v)
-            : c.op == weftMin ? std::min(value, v)
-                              : value + v;
-  }
-  // Avg: integers truncate, fp64 divides in fp64, other floats in fp32 (as Weft does).
-  if (c.op == weftAvg)
-    value = c.dtype == weftFloat64   ? value / nranks
-            : is_float_type(c.dtype) ? static_cast<float>(value) / static_cast<float>(nranks)
-                                     : std::floor(value / nranks);
-  std::vector<uint8_t> bytes(dtype_size(c.dtype));
-  store_value(c.dtype, bytes.data(), 0, value);
-  return bytes;
-}
-
-std::vector<uint8_t> moved(const Case& c, int q, size_t i) {
-  std::vector<uint8_t> bytes(dtype_size(c.dtype));
-  store_value(c.dtype, bytes.data(), 0, input_value(c, q, i));
-  return bytes;
-}
-
-// AllToAllv: counts from q to p, some zero, some above the staging.
-size_t v_count(size_t base, int q, int p) {
-  return (q + p) % 3 == 0 ? 0 : base * static_cast<size_t>(1 + (q * 3 + p) % 4);
-}
-
-// Runs one case on `comm`; returns "" or what went wrong.
-std::string run_case(weftComm_t comm, const Case& c, int rank, int n) {
-  const size_t e = dtype_size(c.dtype), count = c.count;
-  std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
-  size_t in_count = count, out_count = count;
-  if (c.collective == Collective::ReduceScatter || c.collective == Collective::AllToAll)
-    in_count = n * count;
-  if (c.collective == Collective::AllGather || c.collective == Collective::AllToAll)
-    out_count = n * count;
-  if (c.collective == Collective::AllToAllv) {
-    in_count = out_count = 0;
-    for (int p = 0; p < n; ++p) {
-      sc[p] = v_count(count, rank, p), sd[p] = in_count, in_count += sc[p] + 1;
-      rc[p] = v_count(count, p, rank), rd[p] = out_count, out_count += rc[p] + 1;
-    }
-  }
-  size_t total = c.in_place ? std::max(in_count, out_count) : out_count;
-  std::vector<uint8_t> out(total * e + 1, 0xA5), separate(in_count * e + 1);
-  uint8_t* recv = out.data();
-  uint8_t* send = c.in_place ? out.data() : separate.data();
-  if (c.in_place && c.collective == Collective::AllGather) send = out.data() + rank * count * e;
-  if (c.in_place && c.collective == Collective::ReduceScatter) recv = out.data() + rank * count * e;
-  for (size_t i = 0; i < in_count; ++i) store_value(c.dtype, send, i, input_value(c, rank, i));
-
-  weftRedOp_t op = static_cast<weftRedOp_t>(c.op);
-  if (c.op == kPreMulSum) {
-    std::vector<uint8_t> two(e);
-    store_value(c.dtype, two.data(), 0, 2.0);
-    if (weftRedOpCreatePreMulSum(&op, two.data(), c.dtype, weftScalarHostImmediate, comm) !=
-        weftSuccess)
-      return weftGetLastError(comm);
-  }
-  weftResult_t result = weftInternalError;
-  switch (c.collective) {
-    case Collective::AllReduce:
-      result = weftAllReduce(send, recv, count, c.dtype, op, comm, nullptr);
-      break;
-    case Collective::ReduceScatter:
-      result = weftReduceScatter(send, recv, count, c.dtype, op, comm, nullptr);
-      break;
-    case Collective::Reduce:
-      result = weftReduce(send, recv, count, c.dtype, op, c.root, comm, nullptr);
-      break;
-    case Collective::AllGather:
-      result = weftAllGather(send, recv, count, c.dtype, comm, nullptr);
-      break;
-    case Collective::Broadcast:
-      result = weftBroadcast(send, recv, count, c.dtype, c.root, comm, nullptr);
-      break;
-    case Collective::AllToAll:
-      result = weftAllToAll(send, recv, count, c.dtype, comm, nullptr);
-      break;
-    case Collective::AllToAllv:
-      result = weftAllToAllv(send, sc.data(), sd.data(), recv, rc.data(), rd.data(), c.dtype, comm,
-                             nullptr);
-      break;
-    default:
-      break;
-  }
-  if (c.op == kPreMulSum) weftRedOpDestroy(op, comm);
-  if (result != weftSuccess) return std::string("call failed: ") + weftGetLastError(comm);
-  if (out.back() != 0xA5) return "wrote past the end of the output";
-
-  auto check = [&](size_t index, const std::vector<uint8_t>& want) -> std::string {
-    if (memcmp(recv + index * e, want.data(), e) == 0) return "";
-    return "element " + std::to_string(index) + ": got " +
-           std::to_string(load_value(c.dtype, recv, index)) + ", want " +
-           std::to_string(load_value(c.dtype, want.data(), 0));
-  };
-  std::string error;
-  for (size_t i = 0; i < count && error.empty(); ++i) {
-    switch (c.collective) {
-      case Collective::AllReduce:
-        error = check(i, reduced(c, n, i));
-        break;
-      case Collective::ReduceScatter:
-        error = check(i, reduced(c, n, rank * count + i));
-        break;
-      case Collective::Reduce:
-        if (rank == c.root) error = check(i, reduced(c, n, i));
-        break;
-      case Collective::Broadcast:
-        error = check(i, moved(c, c.root, i));
-        break;
-      case Collective::AllGather:
-      case Collective::AllToAll:
-        for (int q = 0; q < n && error.empty(); ++q)
-          error = check(q * count + i,
-                        moved(c, q, c.collective == Collective::AllGather ? i : rank * count + i));
-        break;
-      default:
-        break;
-    }
-  }
-  if (c.collective == Collective::AllToAllv)
-    for (int q = 0; q < n && error.empty(); ++q) {
-      size_t displ = 0;  // where q's piece for this rank starts in q's input
-      for (int p = 0; p < rank; ++p) displ += v_count(count, q, p) + 1;
-      for (size_t i = 0; i < rc[q] && error.empty(); ++i)
-        error = check(rd[q] + i, moved(c, q, displ + i));
-    }
-  return error;
-}
 
 struct Combo {
   algo::Algorithm algorithm;
@@ -261,15 +62,7 @@ TEST_P(DirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
           for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, kStagingBytes + 5}) {
             for (bool in_place : {false, true}) {
               if (in_place && combo.collective == Collective::AllToAllv) continue;
-              std::vector<std::pair<weftDataType_t, int>> combos;
-              if (is_reduction(combo.collective)) {
-                for (weftDataType_t t : {weftFloat32, weftInt32, weftBfloat16, weftFloat64})
-                  for (int op = 0; op <= kPreMulSum; ++op) combos.push_back({t, op});
-              } else {
-                for (weftDataType_t t : {weftInt8, weftFloat64, weftFloat16})
-                  combos.push_back({t, weftSum});
-              }
-              for (const auto& [dtype, op] : combos) {
+              for (const auto& [dtype, op] : dtype_ops(combo.collective)) {
                 Case c{combo.collective,
                        dtype,
                        op,

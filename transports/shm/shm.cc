@@ -1,7 +1,9 @@
 #include "transports/shm/shm.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -68,7 +70,10 @@ Segment::~Segment() {
 }
 
 Status Segment::create(const std::string& prefix, size_t bytes, Segment* out) {
-  std::string name = unique_name(prefix);
+  return create_named(unique_name(prefix), bytes, out);
+}
+
+Status Segment::create_named(const std::string& name, size_t bytes, Segment* out) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
     return Error(weftSystemError, "shm_open(%s) in %s failed: %s", name.c_str(), kShmDir,
@@ -132,6 +137,25 @@ void Segment::unlink_name(const std::string& name) {
 void Segment::unlink() {
   if (linked_) unlink_name(name_);
   linked_ = false;
+}
+
+int remove_orphans(const std::string& prefix) {
+  DIR* dir = opendir(kShmDir);
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  std::string head = prefix + "-";
+  while (dirent* entry = readdir(dir)) {
+    std::string name = entry->d_name;
+    if (name.compare(0, head.size(), head) != 0) continue;
+    char* end = nullptr;
+    long pid = strtol(name.c_str() + head.size(), &end, 10);
+    if (end == name.c_str() + head.size() || *end != '-' || pid <= 0) continue;
+    // EPERM: alive under another user; only ESRCH means gone.
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
 }
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, int timeout_ms) {

@@ -1,7 +1,8 @@
-// Shared memory between the processes of one node: named POSIX segments that
-// exist in /dev/shm only while the peers attach (so nothing outlives a crash),
-// and a futex doorbell for sleeping until a peer publishes. Knows nothing of
-// collectives.
+// Shared memory between the processes of one node: named POSIX segments (the
+// staging ones exist in /dev/shm only while the peers attach, so nothing
+// outlives a crash; longer-lived ones carry their creator's pid, so that
+// remove_orphans can clean up after a crash), and a futex doorbell for sleeping until a peer
+// publishes. Knows nothing of collectives.
 #pragma once
 
 #include <atomic>
@@ -27,6 +28,8 @@ class Segment {
   // an error here (naming /dev/shm, the bytes needed and free), never a SIGBUS
   // at first touch. The memory starts zeroed.
   static Status create(const std::string& prefix, size_t bytes, Segment* out);
+  // The same under exactly `name` ("/..."); an existing name is an error.
+  static Status create_named(const std::string& name, size_t bytes, Segment* out);
   // Maps a peer's segment by name; it must be exactly `bytes` long.
   static Status open(const std::string& name, size_t bytes, Segment* out);
   // Private anonymous memory with the same interface (a communicator of one).
@@ -47,6 +50,11 @@ class Segment {
   std::string name_;
   bool linked_ = false;  // created here and not yet unlinked
 };
+
+// Unlinks the names "/<prefix>-<pid>-..." in /dev/shm whose pid no longer
+// exists: what a process that crashed holding named segments left behind.
+// Returns how many it removed.
+int remove_orphans(const std::string& prefix);
 
 // Waits on a 32-bit word in shared memory (a non-private futex, so any
 // process mapping it can wake the sleeper). Returns when woken, when *word no
