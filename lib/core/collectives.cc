@@ -250,6 +250,8 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   params.recv_counts = call.recv_counts;
   params.recv_displs = call.recv_displs;
   WEFT_RETURN_IF_ERROR(check_buffers(call, params));
+  // Every rank must choose the same algorithm: AllToAllv's counts differ per
+  // rank, so it is planned by its (zero) count argument, never by its counts.
   uint64_t bytes = call.count * element;
   Plan plan = comm.tuner().plan(call.collective, bytes, element);
   params.algorithm = plan.algorithm;
