@@ -309,6 +309,21 @@ TEST(WeftPerfRun, RowsNameTheAlgorithmOfTheirSizeRange) {
   EXPECT_EQ(seen, expected) << o.out;
 }
 
+// -R 1: buffers from weftMemAlloc, registered; the direct path reads them in
+// place from 8 KiB on. Every row is checked, in place and out of place.
+TEST(WeftPerfRun, RegisteredBuffersAreCheckedLikeOthers) {
+  Outcome o =
+      run_perf(2, {"allreduce", "-b", "8", "-e", "1M", "-f", "16", "-n", "2", "-w", "1", "-R", "1"},
+               {{"WEFT_ALGO", "allreduce:oneshot"}});
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  std::vector<TableRow> rows = table_rows(o.out);
+  ASSERT_EQ(rows.size(), geometric(8, 1 << 20, 16).size()) << o.out;
+  for (const TableRow& row : rows)
+    for (const Placement& p : row.placement) EXPECT_EQ(p.wrong, 0L) << "size " << row.bytes;
+  Outcome bad = run_perf(2, {"allreduce", "-b", "8", "-e", "8", "-R", "2"}, {}, true);
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+}
+
 TEST(WeftPerfRun, InapplicableAlgorithmFailsWithTheValidNames) {
   Outcome o = run_perf(2, {"allgather", "-b", "64", "-e", "64", "-A", "binomial"}, {}, true);
   EXPECT_EQ(o.exit_code, 3) << o.out;
