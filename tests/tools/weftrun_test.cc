@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -256,6 +257,76 @@ TEST_P(WeftrunEnvTest, EveryRankGetsItsEnvironment) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, WeftrunEnvTest, ::testing::Values(1, 3, 8));
 
+// The CPUs each rank may run on, by rank, as its /proc/self/status lists them.
+std::map<int, std::set<int>> rank_cpus(int nranks, std::vector<std::string> options) {
+  Outcome o = run_weftrun(sh_ranks(nranks, "grep Cpus_allowed_list /proc/self/status", options));
+  EXPECT_EQ(o.exit_code(), 0) << o.err;
+  std::map<int, std::set<int>> cpus;
+  const std::regex line_re(R"(\[(\d+)\] Cpus_allowed_list:\s*(\S+))");
+  for (const std::string& line : split_lines(o.out)) {
+    std::smatch m;
+    EXPECT_TRUE(std::regex_match(line, m, line_re)) << line;
+    if (m.empty()) continue;
+    std::set<int>& set = cpus[std::stoi(m[1])];
+    std::stringstream list(m[2].str());  // "0-3,8,10-11"
+    for (std::string range; std::getline(list, range, ',');) {
+      size_t dash = range.find('-');
+      int first = std::stoi(range.substr(0, dash));
+      int last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
+      for (int cpu = first; cpu <= last; ++cpu) set.insert(cpu);
+    }
+  }
+  EXPECT_EQ(cpus.size(), static_cast<size_t>(nranks)) << o.out;
+  return cpus;
+}
+
+std::set<int> own_cpus() {
+  cpu_set_t set;
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::set<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
+  return cpus;
+}
+
+TEST_F(WeftrunTest, BindsRanksThatFitToOneCoreEach) {
+  const std::set<int> all = own_cpus();
+  const int ncpus = static_cast<int>(all.size());
+  // Forced binding with one rank per CPU shows the cores: one distinct CPU set each.
+  std::map<int, std::set<int>> per_cpu = rank_cpus(ncpus, {"--bind-to", "core"});
+  std::set<std::set<int>> cores;
+  for (const auto& [rank, cpus] : per_cpu) cores.insert(cpus);
+  const int ncores = static_cast<int>(cores.size());
+  ASSERT_GE(ncores, 1);
+  std::set<int> covered;
+  for (const std::set<int>& core : cores) {
+    for (int cpu : core) {
+      EXPECT_TRUE(all.count(cpu)) << "rank bound to CPU " << cpu << " outside weftrun's own";
+      EXPECT_TRUE(covered.insert(cpu).second) << "CPU " << cpu << " on two cores";
+    }
+  }
+  EXPECT_EQ(covered, all);
+  // Ranks past the core count wrap around onto the same cores.
+  for (int r = ncores; r < ncpus; ++r) EXPECT_EQ(per_cpu[r], per_cpu[r - ncores]) << r;
+
+  if (ncores >= 2) {
+    // The default binds ranks that fit, each to a different core.
+    std::map<int, std::set<int>> fit = rank_cpus(ncores, {});
+    std::set<std::set<int>> distinct;
+    for (const auto& [rank, cpus] : fit) {
+      EXPECT_TRUE(cores.count(cpus)) << "rank " << rank << " is not bound to one core";
+      distinct.insert(cpus);
+    }
+    EXPECT_EQ(distinct.size(), static_cast<size_t>(ncores));
+  }
+  // More ranks than cores, one rank, or --bind-to none: nobody is bound.
+  for (const auto& [n, options] : std::vector<std::pair<int, std::vector<std::string>>>{
+           {ncores + 1, {}}, {1, {}}, {2, {"--bind-to", "none"}}, {2, {"--bind-to=none"}}}) {
+    for (const auto& [rank, cpus] : rank_cpus(n, options))
+      EXPECT_EQ(cpus, all) << n << " ranks, rank " << rank;
+  }
+}
+
 TEST_F(WeftrunTest, KeepsGivenRootAndSecret) {
   const std::string root = "10.1.2.3:4567";
   const std::string secret = "00112233445566778899aabbccddeeff";
@@ -408,12 +479,15 @@ TEST_F(WeftrunTest, UsageErrors) {
     std::vector<std::string> args;
     std::string message;
   };
-  for (const Case& c : std::vector<Case>{{{"/bin/true"}, "-n"},
-                                         {{"-n", "0", "/bin/true"}, "-n"},
-                                         {{"-n", "x", "/bin/true"}, "-n"},
-                                         {{"-n", "2"}, "no program"},
-                                         {{"-n", "2", "--timeout", "-1", "/bin/true"}, "timeout"},
-                                         {{"-n", "2", "--bogus", "/bin/true"}, "--bogus"}}) {
+  for (const Case& c :
+       std::vector<Case>{{{"/bin/true"}, "-n"},
+                         {{"-n", "0", "/bin/true"}, "-n"},
+                         {{"-n", "x", "/bin/true"}, "-n"},
+                         {{"-n", "2"}, "no program"},
+                         {{"-n", "2", "--timeout", "-1", "/bin/true"}, "timeout"},
+                         {{"-n", "2", "--bogus", "/bin/true"}, "--bogus"},
+                         {{"-n", "2", "--bind-to", "numa", "/bin/true"}, "core or none"},
+                         {{"-n", "2", "--bind-to"}, "--bind-to needs a value"}}) {
     Outcome o = run_weftrun(c.args);
     EXPECT_EQ(o.exit_code(), 127) << c.args[0];
     EXPECT_NE(o.err.find(c.message), std::string::npos) << o.err;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,13 +46,18 @@ constexpr auto kGrace = std::chrono::seconds(2);
 constexpr size_t kMaxLine = 64 * 1024;
 
 constexpr const char* kUsage =
-    "usage: weftrun -n N [--timeout S] [--no-prefix] [--] prog [args...]\n"
+    "usage: weftrun -n N [--bind-to core|none] [--timeout S] [--no-prefix] [--] prog "
+    "[args...]\n"
     "\n"
     "Starts N local ranks of prog, each with WEFT_RANK, WEFT_NRANKS, WEFT_LOCAL_RANK,\n"
     "WEFT_LOCAL_SIZE, WEFT_ROOT (127.0.0.1:<free port> unless already set) and WEFT_SECRET\n"
     "(random unless already set).\n"
     "\n"
     "  -n N          number of ranks (>= 1)\n"
+    "  --bind-to B   core: rank R runs only on core R (hyperthreads of a core together;\n"
+    "                cores in package order; wraps around when ranks outnumber cores);\n"
+    "                none: the ranks are not bound. Default: core when 2 or more ranks\n"
+    "                fit on the cores weftrun may use, none otherwise\n"
     "  --timeout S   end all ranks after S seconds and exit 124\n"
     "  --no-prefix   do not prefix output lines with \"[rank] \"\n"
     "  -h, --help    this text\n"
@@ -84,8 +91,11 @@ void say(const std::string& message) {
   std::exit(kUsageExit);
 }
 
+enum class Binding { Auto, Core, None };
+
 struct Options {
   int nranks = 0;
+  Binding binding = Binding::Auto;
   std::optional<double> timeout_s;
   std::string timeout_text;  // as given, for the timeout message
   bool prefix = true;
@@ -133,6 +143,15 @@ Options parse_options(int argc, char** argv) {
       }
       options.timeout_s = s;
       options.timeout_text = text;
+    } else if (arg == "--bind-to" || arg.starts_with("--bind-to=")) {
+      std::string_view text = arg == "--bind-to" ? value_of(arg) : arg.substr(strlen("--bind-to="));
+      if (text == "core") {
+        options.binding = Binding::Core;
+      } else if (text == "none") {
+        options.binding = Binding::None;
+      } else {
+        usage_error("--bind-to needs core or none, got '" + std::string(text) + "'");
+      }
     } else if (arg == "--no-prefix") {
       options.prefix = false;
     } else {
@@ -144,6 +163,44 @@ Options parse_options(int argc, char** argv) {
   options.argv.assign(argv + i, argv + argc);
   options.argv.push_back(nullptr);
   return options;
+}
+
+// A number from /sys/devices/system/cpu/cpuN/topology/<name>, or -1.
+int cpu_topology_value(int cpu, const char* name) {
+  std::ifstream file("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/" + name);
+  int value = -1;
+  return file >> value ? value : -1;
+}
+
+// The cores weftrun may run on (its own affinity mask), each as its CPUs, in package order:
+// consecutive ranks then share a package, as Weft's rings expect.
+std::vector<cpu_set_t> usable_cores() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
+  struct Core {
+    int package, core_id, first_cpu;
+    cpu_set_t cpus;
+  };
+  std::vector<Core> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    int package = cpu_topology_value(cpu, "physical_package_id");
+    int core_id = cpu_topology_value(cpu, "core_id");
+    auto same = std::find_if(cores.begin(), cores.end(), [&](const Core& c) {
+      return core_id >= 0 && c.package == package && c.core_id == core_id;
+    });
+    if (same == cores.end()) {
+      same = cores.insert(cores.end(), Core{package, core_id, cpu, {}});
+      CPU_ZERO(&same->cpus);
+    }
+    CPU_SET(cpu, &same->cpus);
+  }
+  std::stable_sort(cores.begin(), cores.end(),
+                   [](const Core& a, const Core& b) { return a.package < b.package; });
+  std::vector<cpu_set_t> sets;
+  for (const Core& c : cores) sets.push_back(c.cpus);
+  return sets;
 }
 
 bool is_executable_file(const std::string& path) {
@@ -310,6 +367,7 @@ class Launcher {
   int run() {
     setup_signals();
     prepare_environment();
+    choose_cores();
     launcher_pid_ = getpid();
     for (int r = 0; r < options_.nranks && !ending_; ++r) start_rank(r);
     if (options_.timeout_s) {
@@ -356,6 +414,20 @@ class Launcher {
     if (!secret || !*secret) set_env("WEFT_SECRET", random_secret());
     set_env("WEFT_NRANKS", std::to_string(options_.nranks));
     set_env("WEFT_LOCAL_SIZE", std::to_string(options_.nranks));
+  }
+
+  // Two ranks left to the scheduler may share one core while another idles (seen on a
+  // loaded machine: every wait then costs a context switch, 8x slower small collectives),
+  // so ranks that fit get a core each, as mpirun does.
+  void choose_cores() {
+    if (options_.binding == Binding::None) return;
+    std::vector<cpu_set_t> cores = usable_cores();
+    if (cores.empty()) return;
+    // A single rank shares no core with a peer; binding it would only pin concurrent jobs
+    // onto the same first core.
+    bool fits = options_.nranks > 1 && static_cast<size_t>(options_.nranks) <= cores.size();
+    if (options_.binding == Binding::Auto && !fits) return;
+    cores_ = std::move(cores);
   }
 
   void start_rank(int r) {
@@ -410,6 +482,11 @@ class Launcher {
     }
     signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &original_mask_, nullptr);
+    if (!cores_.empty()) {
+      const cpu_set_t& core = cores_[static_cast<size_t>(r) % cores_.size()];
+      if (sched_setaffinity(0, sizeof(core), &core) != 0)
+        say("rank " + std::to_string(r) + ": cannot bind to its core: " + strerror(errno));
+    }
     set_env("WEFT_RANK", std::to_string(r));
     set_env("WEFT_LOCAL_RANK", std::to_string(r));
     execvp(options_.argv[0], options_.argv.data());
@@ -515,7 +592,8 @@ class Launcher {
   }
 
   Options options_;
-  std::deque<Rank> ranks_;  // deque: ranks stay in place, their pipes are not movable
+  std::vector<cpu_set_t> cores_;  // rank r runs on cores_[r % size]; empty: not bound
+  std::deque<Rank> ranks_;        // deque: ranks stay in place, their pipes are not movable
   int live_ranks_ = 0;
   int signal_fd_ = -1;
   sigset_t original_mask_;
