@@ -168,8 +168,12 @@ class Runner:
         if lib == "openmpi":
             return [self.tools.mpirun, "--oversubscribe", "--allow-run-as-root", "-np",
                     str(nranks), *self.mpi_args]
+        # Each library as its users launch it: Open MPI with mpirun's binding, Weft with
+        # weftrun's, Gloo unbound as torchrun leaves it (bound to one core, Gloo's call
+        # and its event-loop thread take turns on it and a call costs ~4 ms).
+        binding = ["--bind-to", "none"] if lib == "gloo" else []
         return [str(self.tools.weftrun), "-n", str(nranks), "--timeout", str(self.timeout),
-                "--no-prefix"]
+                "--no-prefix", *binding]
 
     def program(self, lib, collective, latency):
         # Weft's bandwidth rows come from weft-perf itself; per-call latencies (and the
