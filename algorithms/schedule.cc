@@ -239,7 +239,8 @@ bool is_direct(Algorithm algorithm) {
 }
 
 bool supports(Algorithm algorithm, Collective collective) {
-  return find_entry(algorithm, collective) != nullptr || direct_supports(algorithm, collective);
+  // The direct test first: it is a switch, the table a scan (this runs on every call).
+  return direct_supports(algorithm, collective) || find_entry(algorithm, collective) != nullptr;
 }
 
 bool applicable(const Params& params, std::string* why) {

@@ -367,8 +367,8 @@ void ProgressLoop::disarm() {
   armed_ = nullptr;
 }
 
-void ProgressLoop::idle(Deadline deadline, shm::Doorbell* bell, bool direct_waits) {
-  Clock::time_point now = Clock::now();
+void ProgressLoop::idle(Clock::time_point now, Deadline deadline, shm::Doorbell* bell,
+                        bool direct_waits) {
   if (idle_since_ == Clock::time_point()) {
     idle_since_ = now;
     // With more ranks than cores a spinning rank only delays the peer it waits for.

@@ -182,14 +182,14 @@ class ProgressLoop {
     idle_since_ = Clock::time_point();
     disarm();
   }
-  // Nothing was ready: spin for a few microseconds (unless the node is
-  // oversubscribed), then yield the core for a while (peers may need it),
-  // then sleep until an event, a failure, the extra fd or (at most) the deadline.
-  // `bell`: only direct jobs wait, for their peers: sleep on this doorbell
-  // instead (its first call arms it and returns, so that the caller checks
-  // its work once more before sleeping). `direct_waits` without a bell:
-  // direct jobs and transfers both wait, so no sleep exceeds a millisecond.
-  void idle(Deadline deadline, shm::Doorbell* bell = nullptr, bool direct_waits = false);
+  // Nothing was ready (`now`: the caller's clock reading): spin for a few microseconds (unless the
+  // node is oversubscribed), then yield the core for a while (peers may need it), then sleep until
+  // an event, a failure, the extra fd or (at most) the deadline. `bell`: only direct jobs wait, for
+  // their peers: sleep on this doorbell instead (its first call arms it and returns, so that the
+  // caller checks its work once more before sleeping). `direct_waits` without a bell: direct jobs
+  // and transfers both wait, so no sleep exceeds a millisecond.
+  void idle(Clock::time_point now, Deadline deadline, shm::Doorbell* bell = nullptr,
+            bool direct_waits = false);
   // Marks every communicator failed with a timeout naming `what`.
   Status timeout(int64_t timeout_ms, const std::string& what);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "common/log.h"
@@ -285,26 +286,32 @@ void assign_direct_tickets(std::span<Job> jobs) {
 
 Status run_jobs(std::span<Job> jobs) {
   assign_direct_tickets(jobs);
-  // Reused by the calling thread, so a blocking call does not allocate.
-  thread_local JobRunner runner;
+  // Reused by the calling thread, so a blocking call does not allocate (bound once: each
+  // thread-local access from a shared library is a call).
+  thread_local JobRunner thread_runner;
+  JobRunner& runner = thread_runner;
   runner.start(jobs);
   ProgressLoop loop(runner.comms());
-  // Every completion restarts the clock: a timeout means nothing moved for that long.
-  Deadline deadline = deadline_after_ms(runner.timeout_ms());
+  // A timeout means nothing moved for that long: every completion clears the deadline and
+  // the next idle spell sets it. The clock is read only while idle (a small collective
+  // completes several steps without waiting; a clock read is a tenth of its cost).
+  std::optional<Deadline> deadline;
   while (!runner.done()) {
     bool progressed = false;
     WEFT_RETURN_IF_ERROR(runner.advance(&progressed));
     if (progressed) {
-      deadline = deadline_after_ms(runner.timeout_ms());
+      deadline.reset();
       loop.progressed();
       continue;
     }
-    if (Clock::now() >= deadline) {
+    Clock::time_point now = Clock::now();
+    if (!deadline) deadline = now + std::chrono::milliseconds(runner.timeout_ms());
+    if (now >= *deadline) {
       Status status = loop.timeout(runner.timeout_ms(), runner.describe_waits());
       runner.abandon();
       return status;
     }
-    loop.idle(deadline, runner.doorbell(), runner.direct_waiting());
+    loop.idle(now, *deadline, runner.doorbell(), runner.direct_waiting());
   }
   return Status::Ok();
 }

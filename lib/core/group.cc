@@ -15,6 +15,12 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
+// Each access to t_group from a shared library is a call (__tls_get_addr and the
+// thread-local's init check): the per-call paths take the reference once.
+GroupState& group_state() {
+  return t_group;
+}
+
 // Tags are numbered when a batch launches, in call order, so that a call or
 // group that failed before launching consumes no sequence number.
 void assign_sequences(JobBatch& batch) {
@@ -47,63 +53,68 @@ Status launch(JobBatch& batch, Stream* stream) {
 }  // namespace
 
 Status group_start() {
-  if (t_group.depth == 0) {
-    t_group.first_error = Status::Ok();
-    t_group.group_has_ops = false;
-    t_group.group_stream = nullptr;
+  GroupState& g = group_state();
+  if (g.depth == 0) {
+    g.first_error = Status::Ok();
+    g.group_has_ops = false;
+    g.group_stream = nullptr;
   }
-  ++t_group.depth;
+  ++g.depth;
   return Status::Ok();
 }
 
 bool in_group() {
-  return t_group.depth > 0;
+  return group_state().depth > 0;
 }
 
 void group_record_error(const Status& status) {
-  if (in_group() && t_group.first_error.ok()) t_group.first_error = status;
+  GroupState& g = group_state();
+  if (g.depth > 0 && g.first_error.ok()) g.first_error = status;
 }
 
 Status group_end() {
-  if (t_group.depth == 0)
+  GroupState& g = group_state();
+  if (g.depth == 0)
     return Error(weftInvalidUsage, "weftGroupEnd called without a matching weftGroupStart");
-  if (--t_group.depth > 0) return Status::Ok();
-  if (!t_group.first_error.ok()) {
-    Status error = t_group.first_error;
-    t_group.first_error = Status::Ok();
-    t_group.group.clear();
+  if (--g.depth > 0) return Status::Ok();
+  if (!g.first_error.ok()) {
+    Status error = g.first_error;
+    g.first_error = Status::Ok();
+    g.group.clear();
     return Status(error.code(),
                   "group abandoned because a call inside it failed: " + error.message());
   }
-  Status status = launch(t_group.group, t_group.group_stream);
-  t_group.group.clear();
+  Status status = launch(g.group, g.group_stream);
+  g.group.clear();
   return status;
 }
 
 Status begin_submit(Stream* stream, JobBatch** batch) {
-  if (!in_group()) {
-    t_group.single.clear();
-    t_group.single_stream = stream;
-    *batch = &t_group.single;
+  GroupState& g = group_state();
+  if (g.depth == 0) {
+    g.single.clear();
+    g.single_stream = stream;
+    *batch = &g.single;
     return Status::Ok();
   }
-  if (t_group.group_has_ops && stream != t_group.group_stream)
+  if (g.group_has_ops && stream != g.group_stream)
     return Error(weftInvalidUsage,
                  "every operation of a group must use the same stream (the group runs as one "
                  "unit on it)");
-  t_group.group_has_ops = true;
-  t_group.group_stream = stream;
-  *batch = &t_group.group;
+  g.group_has_ops = true;
+  g.group_stream = stream;
+  *batch = &g.group;
   return Status::Ok();
 }
 
 Status finish_submit(const Status& prepared) {
-  if (in_group()) return prepared;  // errors are recorded by the API layer
+  GroupState& g = group_state();
+  if (g.depth > 0) return prepared;  // errors are recorded by the API layer
   if (!prepared.ok()) {
-    t_group.single.clear();
+    g.single.clear();
     return prepared;
   }
-  return launch(t_group.single, t_group.single_stream);
+  return launch(g.single, g.single_stream);
 }
 
 }  // namespace weft

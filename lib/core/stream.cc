@@ -258,7 +258,7 @@ void StreamEngine::run() {
         continue;
       }
     }
-    loop.idle(nearest, bell, direct_waits);
+    loop.idle(Clock::now(), nearest, bell, direct_waits);
   }
 }
 
