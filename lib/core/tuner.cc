@@ -343,10 +343,9 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const int bucket = size_bucket(bytes);
-    auto found = cache_.find({c, bucket});
-    if (found == cache_.end())
-      found = cache_.emplace(std::pair{c, bucket}, decide(collective, bucket_size(bucket))).first;
-    decision = found->second;
+    std::optional<Decision>& cached = cache_[c][bucket];
+    if (!cached) cached = decide(collective, bucket_size(bucket));
+    decision = *cached;
     if (!logged_[c] && log_enabled(LogLevel::INFO, kLogTUNE)) {
       logged_[c] = true;
       WEFT_LOG(INFO, TUNE, "%s on %d ranks: size range (B), algorithm, chunk, predicted time",

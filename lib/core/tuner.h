@@ -10,7 +10,6 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -128,7 +127,8 @@ class Tuner {
   TuneContext context_;
   algo::CostNetwork network_;
   mutable std::mutex mutex_;
-  std::map<std::pair<int, int>, Decision> cache_;  // (collective, size bucket)
+  // By collective and size bucket (a direct index: this is looked up on every call).
+  std::array<std::array<std::optional<Decision>, 65>, algo::kNumCollectives> cache_{};
   std::array<bool, algo::kNumCollectives> logged_{};
   struct Last {
     algo::Collective collective;

@@ -1,0 +1,30 @@
+#!/bin/sh
+# Instructions per call on the host path (API entry, validation, tuner, job setup,
+# executor, the algorithm's own work) for 8-byte calls on one rank, counted by
+# callgrind: unlike a timing, the count does not move with the machine's load, so it
+# tracks the per-call overhead from commit to commit. Two runs of N0 and N0 + N calls;
+# their difference divided by N removes init and teardown.
+#   bench/perf/call_overhead.sh BUILD_DIR [N] [COLLECTIVE:ALGORITHM ...]
+# Needs valgrind. Default: allreduce:oneshot allreduce:ring allgather:oneshot
+# broadcast:oneshot, N = 20000.
+set -eu
+build=${1:?usage: call_overhead.sh BUILD_DIR [N] [COLLECTIVE:ALGORITHM ...]}
+calls=${2:-20000}
+[ $# -ge 2 ] && shift 2 || shift $#
+[ $# -eq 0 ] && set -- allreduce:oneshot allreduce:ring allgather:oneshot broadcast:oneshot
+command -v valgrind >/dev/null || { echo "call_overhead.sh: valgrind is not installed" >&2; exit 2; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+instructions() {  # collective algorithm calls
+  WEFT_ALGO="$1:$2" "$build/tools/weftrun/weftrun" -n 1 --no-prefix \
+    valgrind --tool=callgrind --callgrind-out-file="$out/cg.$3" \
+    "$build/bench/perf/weft-perf" "$1" -b 8 -e 8 -n "$3" -w 10 -c 0 2>&1 >/dev/null |
+    sed -n 's/.*Collected : *\([0-9]*\).*/\1/p'
+}
+for pair in "$@"; do
+  coll=${pair%%:*} algo=${pair#*:}
+  base=$(instructions "$coll" "$algo" 10)
+  total=$(instructions "$coll" "$algo" $((10 + calls)))
+  [ -n "$base" ] && [ -n "$total" ] || { echo "call_overhead.sh: $pair did not run" >&2; exit 1; }
+  echo "$coll $algo: $(( (total - base) / calls )) instructions per call"
+done
