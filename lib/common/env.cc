@@ -48,6 +48,10 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_SHM_ZERO_COPY_BYTES", "8192",
      "Smallest message (bytes per rank) that direct collectives read in place from registered "
      "weftMemAlloc buffers; smaller ones are staged (one synchronisation instead of two)."},
+    {"WEFT_SHM_CMA_BYTES", "65536",
+     "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
+     "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "
+     "copy); smaller ones are staged. 0 disables it."},
 };
 }  // namespace
 
