@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 
@@ -20,8 +21,10 @@ constexpr int64_t kDefaultStagingBytes = 4 << 20;
 constexpr int64_t kMinStagingBytes = 4096;
 // Below this, staging (one synchronisation) beats reading in place (two).
 constexpr int64_t kDefaultZeroCopyBytes = 8192;
-// Below this (bytes per block), staging beats CMA's synchronisation and system calls.
-constexpr int64_t kDefaultCmaBytes = 65536;
+// Off: on the 2-core VM measured (docs/shared-memory.md) process_vm_readv,
+// which pins the peer's pages one by one, copied 4-8 times slower than
+// memcpy, and staging won at every size.
+constexpr int64_t kDefaultCmaBytes = 0;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -193,11 +196,12 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
     Status opened;
     for (int q = 0; q < nranks && opened.ok(); ++q)
       if (q != rank) opened = shm::Segment::open(names[q], total, &segments[q]);
-    // The probe word for CMA travels with this stage: its address and value.
+    // The probe word for CMA travels with this stage: its address and value,
+    // and whether this rank would offer CMA at all.
     cma_probe_ = static_cast<uint64_t>(getpid()) << 32 ^ static_cast<uint64_t>(rank) ^
                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    const uint64_t probe[3] = {static_cast<uint64_t>(getpid()),
-                               reinterpret_cast<uintptr_t>(&cma_probe_), cma_probe_};
+    const uint64_t probe[4] = {static_cast<uint64_t>(getpid()),
+                               reinterpret_cast<uintptr_t>(&cma_probe_), cma_probe_, cma_bytes_};
     std::vector<std::string> probes;
     Status attached =
         agree(allgather, opened, std::string(reinterpret_cast<const char*>(probe), sizeof(probe)),
@@ -403,15 +407,22 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
 }
 
 Status DirectState::probe_cma(const AllGather& allgather, const std::vector<std::string>& probes) {
+  using Probe = std::array<uint64_t, 4>;  // pid, address, value, WEFT_SHM_CMA_BYTES
+  std::vector<Probe> all(nranks_);
+  bool wanted = false;
+  for (int q = 0; q < nranks_; ++q) {
+    if (probes[q].size() != sizeof(Probe))
+      return Error(weftInternalError, "shared memory: rank %d sent a malformed probe", q);
+    memcpy(all[q].data(), probes[q].data(), sizeof(Probe));
+    wanted = wanted || all[q][3] != 0;
+  }
+  // Every rank sees the same probes, so all skip the round below alike.
+  if (!wanted) return Status::Ok();
   std::string why;
   for (int q = 0; q < nranks_ && why.empty(); ++q) {
     if (q == rank_) continue;
-    uint64_t probe[3] = {}, seen = 0;
-    if (probes[q].size() != sizeof(probe)) {
-      why = "rank " + std::to_string(q) + " sent no probe";
-      break;
-    }
-    memcpy(probe, probes[q].data(), sizeof(probe));
+    const Probe& probe = all[q];
+    uint64_t seen = 0;
     Status read = shm::cma_read(static_cast<pid_t>(probe[0]), probe[1], &seen, sizeof(seen));
     if (!read.ok())
       why = "rank " + std::to_string(q) + ": " + read.message();

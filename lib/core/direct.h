@@ -28,9 +28,11 @@
 // peers copy it with process_vm_readv straight into their output, one copy
 // instead of two, then raise their done word as above. Offers of both kinds
 // mix in one op. Only AllGather, Broadcast and AllToAll take it (reductions
-// with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0: never).
-// Init probes it collectively (every rank reads a word of every peer); if any
-// pair fails (Yama, a container), nobody offers CMA.
+// with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0, the
+// default: never; process_vm_readv was slower than staging where measured).
+// Init probes it collectively (every rank reads a word of every peer, skipped
+// when no rank wants CMA); if any pair fails (Yama, a container, another pid
+// namespace), nobody offers CMA.
 #pragma once
 
 #include <sys/types.h>

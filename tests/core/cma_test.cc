@@ -245,7 +245,7 @@ TEST_F(NoLeftovers, InputRewrittenRightAfterReturn) {
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
-      logs.options({}));
+      logs.options({{"WEFT_SHM_CMA_BYTES", "65536"}}));
 }
 
 // A rank killed while its peers read its input by CMA: every survivor
