@@ -521,7 +521,7 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
     if (peer->offer_kind.load(std::memory_order_relaxed) == Offer::kRefused)
       run->path = Path::Staging;
   if (run->path == Path::Staging) return true;
-  Status mapped = map_inputs(input);
+  Status mapped = map_inputs(job, input);
   if (!mapped.ok()) {
     // The peers read in place already: failing the communicator is the only way out.
     job.comm->fail(mapped.code(), mapped.message());
@@ -530,8 +530,11 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
   return true;
 }
 
-Status DirectState::map_inputs(const std::byte* input) {
+Status DirectState::map_inputs(const Job& job, const std::byte* input) {
   if (peer_memory_.size() + nranks_ > kMaxPeerMappings) peer_memory_.clear();
+  const DirectCall& call = *job.direct;
+  const uint64_t blocks = call.collective == algo::Collective::AllToAll ? nranks_ : 1;
+  const uint64_t input_bytes = blocks * call.count * job.math.element_size;
   sources_.assign(nranks_, Source{});
   for (int q = 0; q < nranks_; ++q) {
     if (q == rank_) {
@@ -541,7 +544,15 @@ Status DirectState::map_inputs(const std::byte* input) {
     const Control& peer = control(q);
     const uint32_t pid = peer.offer_pid.load(std::memory_order_relaxed);
     const uint64_t offset = peer.offer_offset.load(std::memory_order_relaxed);
-    switch (peer.offer_kind.load(std::memory_order_relaxed)) {
+    const uint32_t kind = peer.offer_kind.load(std::memory_order_relaxed);
+    // Reading past a peer's input would take another buffer's bytes (or fault).
+    if (kind != Offer::kUnneeded && peer.offer_bytes.load(std::memory_order_relaxed) != input_bytes)
+      return Error(
+          weftInvalidUsage, "%s: rank %d offered %llu bytes of input, this rank's count needs %llu",
+          algo::collective_name(call.collective), q,
+          static_cast<unsigned long long>(peer.offer_bytes.load(std::memory_order_relaxed)),
+          static_cast<unsigned long long>(input_bytes));
+    switch (kind) {
       case Offer::kCma:
         sources_[q] = Source{nullptr, static_cast<pid_t>(pid), offset};
         break;

@@ -144,8 +144,9 @@ class DirectState {
   struct Offer;
   // How peers may read this rank's input in place, if at all.
   Offer offer_for(const Job& job, const std::byte* input) const;
-  // Points sources_ at every rank's input (mapping peers' segments).
-  Status map_inputs(const std::byte* input);
+  // Points sources_ at every rank's input (mapping peers' segments); a peer
+  // whose input differs in size from what this rank's call reads is an error.
+  Status map_inputs(const Job& job, const std::byte* input);
   // Copies `bytes` at `offset` of rank q's input to `dst`, whatever its kind.
   Status read_input(int q, size_t offset, std::byte* dst, size_t bytes) const;
   // Reads the peers' inputs, then waits until every peer read this rank's.
