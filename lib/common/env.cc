@@ -48,6 +48,11 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_SHM_ZERO_COPY_BYTES", "8192",
      "Smallest message (bytes per rank) that direct collectives read in place from registered "
      "weftMemAlloc buffers; smaller ones are staged (one synchronisation instead of two)."},
+    {"WEFT_SHM_CMA_BYTES", "0",
+     "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
+     "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "
+     "copy); smaller ones are staged. 0 (the default: slower than staging where measured) disables "
+     "it."},
 };
 }  // namespace
 

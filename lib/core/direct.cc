@@ -1,11 +1,16 @@
 #include "core/direct.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstring>
 
 #include "common/env.h"
 #include "common/log.h"
 #include "core/executor.h"
+#include "transports/shm/cma.h"
 
 namespace weft {
 
@@ -16,6 +21,10 @@ constexpr int64_t kDefaultStagingBytes = 4 << 20;
 constexpr int64_t kMinStagingBytes = 4096;
 // Below this, staging (one synchronisation) beats reading in place (two).
 constexpr int64_t kDefaultZeroCopyBytes = 8192;
+// Off: on the 2-core VM measured (docs/shared-memory.md) process_vm_readv,
+// which pins the peer's pages one by one, copied 4-8 times slower than
+// memcpy, and staging won at every size.
+constexpr int64_t kDefaultCmaBytes = 0;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -89,10 +98,18 @@ bool zero_copy_capable(const DirectCall& call) {
     case algo::Collective::Reduce:
     case algo::Collective::AllGather:
     case algo::Collective::Broadcast:
+    case algo::Collective::AllToAll:
       return true;
     default:
       return false;
   }
+}
+
+// Collectives whose peers only copy the input (a reduction would need it in place).
+bool cma_capable(const DirectCall& call) {
+  return call.collective == algo::Collective::AllGather ||
+         call.collective == algo::Collective::Broadcast ||
+         call.collective == algo::Collective::AllToAll;
 }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) {
@@ -116,17 +133,29 @@ struct DirectState::Control {
   alignas(kLine) std::atomic<uint64_t> ready[2] = {0, 0};
   alignas(kLine) shm::Doorbell bell;
   // This rank's offer for a zero-copy-capable op: whether peers may read its
-  // input in place and where (pid 0: they need nothing of it). The fields
-  // are written first, then `offer_op` (the op's ticket + 1) is released.
+  // input in place and how (an Offer). The fields are written first, then
+  // `offer_op` (the op's ticket + 1) is released.
   alignas(kLine) std::atomic<uint64_t> offer_op{0};
-  std::atomic<uint32_t> offer_shared{0}, offer_pid{0};
-  std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0};
+  std::atomic<uint32_t> offer_kind{0}, offer_pid{0};
+  std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0}, offer_bytes{0};
   // The last zero-copy op in which this rank finished reading its peers' inputs.
   alignas(kLine) std::atomic<uint64_t> done{0};
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 constexpr size_t kControlBytes = 256;  // keeps the staging well aligned
 static_assert(sizeof(DirectState::Control) <= kControlBytes);
+
+struct DirectState::Offer {
+  enum Kind : uint32_t {
+    kRefused,   // the op is staged
+    kUnneeded,  // peers read nothing of this rank
+    kMapped,    // in weftMemAlloc segment (pid, serial) at `offset`
+    kCma,       // at address `offset` of process `pid`, `bytes` long
+  };
+  Kind kind = kRefused;
+  uint32_t pid = 0;
+  uint64_t serial = 0, segment_bytes = 0, offset = 0, bytes = 0;
+};
 
 DirectState::~DirectState() = default;
 
@@ -137,6 +166,8 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
   registry_ = registry;
   zero_copy_bytes_ = static_cast<uint64_t>(
       std::max<int64_t>(0, env_int("WEFT_SHM_ZERO_COPY_BYTES", kDefaultZeroCopyBytes)));
+  cma_bytes_ =
+      static_cast<uint64_t>(std::max<int64_t>(0, env_int("WEFT_SHM_CMA_BYTES", kDefaultCmaBytes)));
   if (nranks > 1 && !same_node) return Status::Ok();
   if (nranks > 1 && env_int("WEFT_SHM_DISABLE", 0) != 0) {
     WEFT_LOG(INFO, INIT, "shared memory disabled by WEFT_SHM_DISABLE");
@@ -165,13 +196,22 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
     Status opened;
     for (int q = 0; q < nranks && opened.ok(); ++q)
       if (q != rank) opened = shm::Segment::open(names[q], total, &segments[q]);
-    std::vector<std::string> ignored;
-    Status attached = agree(allgather, opened, "", &ignored);
+    // The probe word for CMA travels with this stage: its address and value,
+    // and whether this rank would offer CMA at all.
+    cma_probe_ = static_cast<uint64_t>(getpid()) << 32 ^ static_cast<uint64_t>(rank) ^
+                 static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const uint64_t probe[4] = {static_cast<uint64_t>(getpid()),
+                               reinterpret_cast<uintptr_t>(&cma_probe_), cma_probe_, cma_bytes_};
+    std::vector<std::string> probes;
+    Status attached =
+        agree(allgather, opened, std::string(reinterpret_cast<const char*>(probe), sizeof(probe)),
+              &probes);
     // Unlink every name (ENOENT is fine): a segment whose creator died
     // between the stages is still removed by the survivors.
     for (const std::string& name : names) shm::Segment::unlink_name(name);
     segments[rank].unlink();
     WEFT_RETURN_IF_ERROR(attached);
+    WEFT_RETURN_IF_ERROR(probe_cma(allgather, probes));
   }
   segments_ = std::move(segments);
   for (const shm::Segment& segment : segments_)
@@ -366,30 +406,85 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   return true;
 }
 
-bool DirectState::shareable(const Job& job, const std::byte* input, SharedLocation* where) const {
+Status DirectState::probe_cma(const AllGather& allgather, const std::vector<std::string>& probes) {
+  using Probe = std::array<uint64_t, 4>;  // pid, address, value, WEFT_SHM_CMA_BYTES
+  std::vector<Probe> all(nranks_);
+  bool wanted = false;
+  for (int q = 0; q < nranks_; ++q) {
+    if (probes[q].size() != sizeof(Probe))
+      return Error(weftInternalError, "shared memory: rank %d sent a malformed probe", q);
+    memcpy(all[q].data(), probes[q].data(), sizeof(Probe));
+    wanted = wanted || all[q][3] != 0;
+  }
+  // Every rank sees the same probes, so all skip the round below alike.
+  if (!wanted) return Status::Ok();
+  std::string why;
+  for (int q = 0; q < nranks_ && why.empty(); ++q) {
+    if (q == rank_) continue;
+    const Probe& probe = all[q];
+    uint64_t seen = 0;
+    Status read = shm::cma_read(static_cast<pid_t>(probe[0]), probe[1], &seen, sizeof(seen));
+    if (!read.ok())
+      why = "rank " + std::to_string(q) + ": " + read.message();
+    else if (seen != probe[2])  // another pid namespace: that pid is someone else
+      why = "rank " + std::to_string(q) + "'s pid names another process here";
+  }
+  std::vector<std::vector<uint8_t>> flags;
+  WEFT_RETURN_IF_ERROR(allgather({static_cast<uint8_t>(why.empty() ? 1 : 0)}, &flags));
+  cma_ = true;
+  for (size_t q = 0; q < flags.size(); ++q) {
+    if (flags[q].size() == 1 && flags[q][0] == 1) continue;
+    if (cma_ && why.empty()) why = "rank " + std::to_string(q) + " cannot read its peers";
+    cma_ = false;
+  }
+  if (!cma_)
+    WEFT_LOG(INFO, INIT, "rank %d: no cross-memory attach (%s): unregistered buffers are staged",
+             rank_, why.c_str());
+  return Status::Ok();
+}
+
+DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input) const {
   const DirectCall& call = *job.direct;
   const size_t bytes = call.count * job.math.element_size;
+  const bool all_to_all = call.collective == algo::Collective::AllToAll;
+  const size_t input_bytes = all_to_all ? nranks_ * bytes : bytes;
   const std::byte* out = job.output;
-  *where = SharedLocation{};
-  // Ranks may differ in their threshold: any refusal stages the op everywhere.
-  if (bytes < zero_copy_bytes_) return false;
+  const bool cma = cma_ && cma_bytes_ != 0 && cma_capable(call);
+  // Ranks may differ in their thresholds: any refusal stages the op everywhere.
+  if (bytes < (cma ? std::min(zero_copy_bytes_, cma_bytes_) : zero_copy_bytes_)) return {};
   if (call.collective == algo::Collective::Broadcast && rank_ != call.root)
-    return true;  // peers read nothing of this rank
-  if (registry_ == nullptr || !registry_->covers(input, bytes) || !find_shared(input, bytes, where))
-    return false;
+    return {Offer::kUnneeded};
   // Peers read the input while this rank writes its output: they must not meet.
+  bool apart = false;
   switch (call.collective) {
     case algo::Collective::AllReduce:
-      return !overlaps(input, bytes, out, bytes);
+      apart = !overlaps(input, bytes, out, bytes);
+      break;
     case algo::Collective::Reduce:
-      return rank_ != call.root || !overlaps(input, bytes, out, bytes);
+      apart = rank_ != call.root || !overlaps(input, bytes, out, bytes);
+      break;
     case algo::Collective::AllGather:  // in place, this rank's own part is never written
-      return input == out + rank_ * bytes || !overlaps(input, bytes, out, nranks_ * bytes);
+      apart = input == out + rank_ * bytes || !overlaps(input, bytes, out, nranks_ * bytes);
+      break;
     case algo::Collective::Broadcast:
-      return input == out || !overlaps(input, bytes, out, bytes);
+      apart = input == out || !overlaps(input, bytes, out, bytes);
+      break;
+    case algo::Collective::AllToAll:
+      apart = !overlaps(input, input_bytes, out, input_bytes);
+      break;
     default:
-      return false;
+      break;
   }
+  if (!apart) return {};
+  SharedLocation where;
+  if (bytes >= zero_copy_bytes_ && registry_ != nullptr && registry_->covers(input, input_bytes) &&
+      find_shared(input, input_bytes, &where))
+    return {Offer::kMapped,      where.pid,    where.serial,
+            where.segment_bytes, where.offset, input_bytes};
+  if (cma && bytes >= cma_bytes_)
+    return {Offer::kCma, static_cast<uint32_t>(getpid()),    0,
+            0,           reinterpret_cast<uintptr_t>(input), input_bytes};
+  return {};
 }
 
 bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun* run) {
@@ -400,21 +495,21 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
   }
   const uint64_t op = run->ticket + 1;
   if (!run->offered) {
-    SharedLocation where;
-    bool offer = shareable(job, input, &where);
+    Offer offer = offer_for(job, input);
     Control& mine = control(rank_);
-    mine.offer_shared.store(offer ? 1 : 0, std::memory_order_relaxed);
-    mine.offer_pid.store(where.pid, std::memory_order_relaxed);
-    mine.offer_serial.store(where.serial, std::memory_order_relaxed);
-    mine.offer_segment_bytes.store(where.segment_bytes, std::memory_order_relaxed);
-    mine.offer_offset.store(where.offset, std::memory_order_relaxed);
+    mine.offer_kind.store(offer.kind, std::memory_order_relaxed);
+    mine.offer_pid.store(offer.pid, std::memory_order_relaxed);
+    mine.offer_serial.store(offer.serial, std::memory_order_relaxed);
+    mine.offer_segment_bytes.store(offer.segment_bytes, std::memory_order_relaxed);
+    mine.offer_offset.store(offer.offset, std::memory_order_relaxed);
+    mine.offer_bytes.store(offer.bytes, std::memory_order_relaxed);
     mine.offer_op.store(op, std::memory_order_release);
     ring_all();
     run->offered = true;
     // Every peer sees this refusal, so all of them stage the op too. A peer
     // does not overwrite its offer before this rank read it: its next op
     // needs this one finished, which needs this rank's part.
-    if (!offer) {
+    if (offer.kind == Offer::kRefused) {
       run->path = Path::Staging;
       return true;
     }
@@ -423,9 +518,10 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
     if (peer->offer_op.load(std::memory_order_acquire) < op) return false;
   run->path = Path::ZeroCopy;
   for (Control* peer : controls_)
-    if (peer->offer_shared.load(std::memory_order_relaxed) == 0) run->path = Path::Staging;
+    if (peer->offer_kind.load(std::memory_order_relaxed) == Offer::kRefused)
+      run->path = Path::Staging;
   if (run->path == Path::Staging) return true;
-  Status mapped = map_inputs(input);
+  Status mapped = map_inputs(job, input);
   if (!mapped.ok()) {
     // The peers read in place already: failing the communicator is the only way out.
     job.comm->fail(mapped.code(), mapped.message());
@@ -434,28 +530,63 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
   return true;
 }
 
-Status DirectState::map_inputs(const std::byte* input) {
+Status DirectState::map_inputs(const Job& job, const std::byte* input) {
   if (peer_memory_.size() + nranks_ > kMaxPeerMappings) peer_memory_.clear();
-  sources_.assign(nranks_, nullptr);
+  const DirectCall& call = *job.direct;
+  const uint64_t blocks = call.collective == algo::Collective::AllToAll ? nranks_ : 1;
+  const uint64_t input_bytes = blocks * call.count * job.math.element_size;
+  sources_.assign(nranks_, Source{});
   for (int q = 0; q < nranks_; ++q) {
     if (q == rank_) {
-      sources_[q] = input;
+      sources_[q].local = input;
       continue;
     }
     const Control& peer = control(q);
-    uint32_t pid = peer.offer_pid.load(std::memory_order_relaxed);
-    if (pid == 0) continue;
-    std::pair<uint32_t, uint64_t> key{pid, peer.offer_serial.load(std::memory_order_relaxed)};
-    auto it = peer_memory_.find(key);
-    if (it == peer_memory_.end()) {
-      shm::Segment segment;
-      WEFT_RETURN_IF_ERROR(
-          shm::Segment::open(shared_memory_name(key.first, key.second),
-                             peer.offer_segment_bytes.load(std::memory_order_relaxed), &segment));
-      it = peer_memory_.emplace(key, std::move(segment)).first;
+    const uint32_t pid = peer.offer_pid.load(std::memory_order_relaxed);
+    const uint64_t offset = peer.offer_offset.load(std::memory_order_relaxed);
+    const uint32_t kind = peer.offer_kind.load(std::memory_order_relaxed);
+    // Reading past a peer's input would take another buffer's bytes (or fault).
+    if (kind != Offer::kUnneeded && peer.offer_bytes.load(std::memory_order_relaxed) != input_bytes)
+      return Error(
+          weftInvalidUsage, "%s: rank %d offered %llu bytes of input, this rank's count needs %llu",
+          algo::collective_name(call.collective), q,
+          static_cast<unsigned long long>(peer.offer_bytes.load(std::memory_order_relaxed)),
+          static_cast<unsigned long long>(input_bytes));
+    switch (kind) {
+      case Offer::kCma:
+        sources_[q] = Source{nullptr, static_cast<pid_t>(pid), offset};
+        break;
+      case Offer::kMapped: {
+        std::pair<uint32_t, uint64_t> key{pid, peer.offer_serial.load(std::memory_order_relaxed)};
+        auto it = peer_memory_.find(key);
+        if (it == peer_memory_.end()) {
+          shm::Segment segment;
+          WEFT_RETURN_IF_ERROR(shm::Segment::open(
+              shared_memory_name(key.first, key.second),
+              peer.offer_segment_bytes.load(std::memory_order_relaxed), &segment));
+          it = peer_memory_.emplace(key, std::move(segment)).first;
+        }
+        sources_[q].local = it->second.data() + offset;
+        break;
+      }
+      default:
+        break;
     }
-    sources_[q] = it->second.data() + peer.offer_offset.load(std::memory_order_relaxed);
   }
+  return Status::Ok();
+}
+
+Status DirectState::read_input(int q, size_t offset, std::byte* dst, size_t bytes) const {
+  const Source& source = sources_[q];
+  if (source.local != nullptr) {
+    copy_bytes(dst, source.local + offset, bytes);
+    return Status::Ok();
+  }
+  Status read = shm::cma_read(source.pid, source.address + offset, dst, bytes);
+  if (!read.ok())
+    return Error(weftRemoteError,
+                 "shared memory: reading rank %d's input by cross-memory attach: %s", q,
+                 read.message().c_str());
   return Status::Ok();
 }
 
@@ -465,20 +596,38 @@ bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
     const DirectCall& call = *job.direct;
     const size_t bytes = call.count * job.math.element_size;
     std::byte* out = job.output;
+    Status read;
     switch (call.collective) {
       case algo::Collective::AllReduce:
-      case algo::Collective::Reduce:
+      case algo::Collective::Reduce:  // every input is mapped: CMA offers are refused
         if (call.collective == algo::Collective::AllReduce || rank_ == call.root)
-          reduce_ranks(job.math, nranks_, out, call.count, [&](int q) { return sources_[q]; });
+          reduce_ranks(job.math, nranks_, out, call.count,
+                       [&](int q) { return sources_[q].local; });
         break;
       case algo::Collective::AllGather:
-        for (int q = 0; q < nranks_; ++q) copy_bytes(out + q * bytes, sources_[q], bytes);
+        for (int q = 0; q < nranks_ && read.ok(); ++q)
+          read = read_input(q, 0, out + q * bytes, bytes);
         break;
       case algo::Collective::Broadcast:
-        copy_bytes(out, sources_[call.root], bytes);
+        read = read_input(call.root, 0, out, bytes);
+        break;
+      case algo::Collective::AllToAll:
+        for (int q = 0; q < nranks_ && read.ok(); ++q)
+          read = read_input(q, rank_ * bytes, out + q * bytes, bytes);
         break;
       default:
         break;
+    }
+    if (!read.ok()) {
+      // A peer that died or unmapped its input: nothing else can end the op.
+      job.comm->fail(read.code(), read.message());
+      return false;
+    }
+    if (log_enabled(LogLevel::TRACE, kLogCOLL)) {
+      int cma = 0;
+      for (int q = 0; q < nranks_; ++q) cma += sources_[q].pid != 0;
+      WEFT_LOG(TRACE, COLL, "direct %s op %llu: read in place, cma=%d peers",
+               algo::collective_name(call.collective), static_cast<unsigned long long>(op), cma);
     }
     control(rank_).done.store(op, std::memory_order_release);
     ring_all();
@@ -493,7 +642,7 @@ bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
 
 std::string DirectState::describe(const DirectRun& run) const {
   if (run.path == DirectRun::Path::ZeroCopy)
-    return std::string("direct zero-copy op: ") +
+    return std::string("direct in-place op (mapped or CMA): ") +
            (run.read ? "waiting for the peers to finish reading this rank's input"
                      : "reading the peers' inputs");
   if (run.offered && run.path == DirectRun::Path::Undecided)

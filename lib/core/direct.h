@@ -14,15 +14,28 @@
 // with the communicator (and does not overlap what the rank writes), peers
 // read it in place from the owner's segment, in one step of any size, with
 // no staging. Each rank publishes an offer per op (whether its input can be
-// read in place, and where); a rank whose input cannot knows at once that the
+// read in place, and how); a rank whose input cannot knows at once that the
 // op is staged, the others read every offer, so all decide alike. The owner
 // completes the op (and so hands the buffer back to the user) only after
 // every peer raised its done word for the op. Messages below
 // WEFT_SHM_ZERO_COPY_BYTES are staged (one synchronisation instead of two).
-// OneShot AllReduce, Reduce, AllGather and Broadcast take it; in-place
-// AllReduce and Reduce are staged (a rank would overwrite its input while
-// peers read it).
+// OneShot AllReduce, Reduce, AllGather, Broadcast and AllToAll take it;
+// in-place AllReduce, Reduce and AllToAll are staged (a rank would
+// overwrite its input while peers read it).
+//
+// CMA: an offer has two kinds. Input that is not registered weftMemAlloc
+// memory may still be offered by cross-memory attach (its pid and address):
+// peers copy it with process_vm_readv straight into their output, one copy
+// instead of two, then raise their done word as above. Offers of both kinds
+// mix in one op. Only AllGather, Broadcast and AllToAll take it (reductions
+// with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0, the
+// default: never; process_vm_readv was slower than staging where measured).
+// Init probes it collectively (every rank reads a word of every peer, skipped
+// when no rank wants CMA); if any pair fails (Yama, a container, another pid
+// namespace), nobody offers CMA.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
@@ -63,7 +76,7 @@ struct DirectRun {
   enum class Path : uint8_t { Undecided, Staging, ZeroCopy };
   Path path = Path::Undecided;
   bool offered = false;  // this rank's offer for the op is published
-  bool read = false;     // zero copy: this rank read its peers' inputs
+  bool read = false;     // zero copy or CMA: this rank read its peers' inputs
 };
 
 class DirectState {
@@ -90,6 +103,8 @@ class DirectState {
   // The peers' memory is mapped here (more than one rank on this node).
   bool shared() const { return available() && nranks_ > 1; }
   size_t staging_bytes() const { return staging_bytes_; }
+  // Every pair of ranks can read each other's memory by cross-memory attach.
+  bool cma() const { return cma_; }
 
   // Called when a job is launched: its place in the communicator's order.
   uint64_t issue_ticket() { return tickets_issued_++; }
@@ -126,12 +141,19 @@ class DirectState {
   // Zero copy. Publishes this rank's offer, then (when it could be read in
   // place) waits for the peers' and decides; false while waiting.
   bool choose_path(const Job& job, const std::byte* input, DirectRun* run);
-  // Whether peers may read this rank's input in place, and where it lies.
-  bool shareable(const Job& job, const std::byte* input, SharedLocation* where) const;
-  // Points sources_ at every rank's input (mapping peers' segments).
-  Status map_inputs(const std::byte* input);
+  struct Offer;
+  // How peers may read this rank's input in place, if at all.
+  Offer offer_for(const Job& job, const std::byte* input) const;
+  // Points sources_ at every rank's input (mapping peers' segments); a peer
+  // whose input differs in size from what this rank's call reads is an error.
+  Status map_inputs(const Job& job, const std::byte* input);
+  // Copies `bytes` at `offset` of rank q's input to `dst`, whatever its kind.
+  Status read_input(int q, size_t offset, std::byte* dst, size_t bytes) const;
   // Reads the peers' inputs, then waits until every peer read this rank's.
   bool zero_copy(const Job& job, DirectRun* run, bool* progressed);
+  // Whether every pair of ranks can use cross-memory attach (collective).
+  // `probes`: every rank's probe from init's second stage.
+  Status probe_cma(const AllGather& allgather, const std::vector<std::string>& probes);
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -146,10 +168,20 @@ class DirectState {
   std::atomic<uint64_t> tickets_done_{0};
   const Registry* registry_ = nullptr;
   uint64_t zero_copy_bytes_ = 0;  // smaller messages are staged
+  uint64_t cma_bytes_ = 0;        // smaller blocks are staged; 0: no CMA offers
+  bool cma_ = false;
+  uint64_t cma_probe_ = 0;  // the word peers read at init
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed
   // allocation stays mapped here until the cache is next emptied.
   std::map<std::pair<uint32_t, uint64_t>, shm::Segment> peer_memory_;
-  std::vector<const std::byte*> sources_;  // every rank's input, for the op in progress
+  // Every rank's input for the op in progress: here (own or mapped), or
+  // at `address` in process `pid` (CMA).
+  struct Source {
+    const std::byte* local = nullptr;
+    pid_t pid = 0;
+    uint64_t address = 0;
+  };
+  std::vector<Source> sources_;
 };
 
 }  // namespace weft

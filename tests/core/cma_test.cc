@@ -1,0 +1,286 @@
+// Direct collectives reading peers' ordinary (unregistered) buffers by
+// cross-memory attach: exact results at several rank counts, counts, dtypes,
+// in and out of place; proof that the path was taken (each rank counts the
+// peer inputs it read by CMA in its TRACE log and compares that with the
+// number the cases call for); the WEFT_SHM_CMA_BYTES threshold; CMA and
+// mapped offers in one op; inputs rewritten the moment a call returns; a
+// killed peer.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "algorithms/schedule.h"
+#include "support/direct_cases.h"
+#include "support/multirank.h"
+#include "support/typed_values.h"
+#include "weft/weft.h"
+
+namespace weft::testing {
+namespace {
+
+using algo::Collective;
+
+constexpr const char* kSmallStaging = "4096";
+constexpr size_t kStagingBytes = 4096;
+
+// A directory for the ranks' TRACE logs, removed with the object; `env` sets
+// them up to log the direct ops (plus `extra`).
+class TraceLogs {
+ public:
+  TraceLogs() {
+    char pattern[] = "/tmp/weft-cma-test-XXXXXX";
+    EXPECT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    file_ = dir_ + "/rank-%p.log";
+  }
+  ~TraceLogs() { std::filesystem::remove_all(dir_); }
+  RunOptions options(std::vector<std::pair<const char*, const char*>> extra) const {
+    RunOptions options;
+    options.env = {{"WEFT_DEBUG", "TRACE"},
+                   {"WEFT_DEBUG_SUBSYS", "COLL"},
+                   {"WEFT_DEBUG_FILE", file_.c_str()},
+                   {"WEFT_SHM_BYTES", kSmallStaging}};
+    options.env.insert(options.env.end(), extra.begin(), extra.end());
+    return options;
+  }
+
+ private:
+  std::string dir_, file_;
+};
+
+// Peer inputs this process read by CMA so far, from its own log.
+int cma_reads_logged() {
+  std::string path = getenv("WEFT_DEBUG_FILE");
+  path.replace(path.find("%p"), 2, std::to_string(getpid()));
+  std::ifstream log(path);
+  const std::string marker = "read in place, cma=";
+  int reads = 0;
+  for (std::string line; std::getline(log, line);) {
+    size_t at = line.find(marker);
+    if (at != std::string::npos) reads += atoi(line.c_str() + at + marker.size());
+  }
+  return reads;
+}
+
+// Peer inputs a rank reads by CMA in case `c` when every input is ordinary memory.
+int cma_reads_expected(const Case& c, int rank, int n) {
+  if (c.count == 0) return 0;
+  switch (c.collective) {
+    case Collective::AllGather:
+      return n - 1;
+    case Collective::Broadcast:
+      return rank == c.root ? 0 : 1;
+    case Collective::AllToAll:  // in place a rank would overwrite blocks peers still read
+      return c.in_place ? 0 : n - 1;
+    default:  // reductions are staged
+      return 0;
+  }
+}
+
+// Runs every case of `collectives` on `comm`; returns the CMA reads they call
+// for under WEFT_SHM_CMA_BYTES=`cma_bytes`, reporting up to 5 wrong results.
+int run_cases(weftComm_t comm, const RankContext& context, std::span<const Collective> collectives,
+              std::span<const size_t> counts, size_t cma_bytes) {
+  int failures = 0, expected = 0;
+  for (Collective collective : collectives)
+    for (size_t count : counts)
+      for (bool in_place : {false, true})
+        for (const auto& [dtype, op] : dtype_ops(collective)) {
+          Case c{collective, dtype, op, count, in_place, static_cast<int>(count % context.nranks)};
+          std::string error = run_case(comm, c, context.rank, context.nranks);
+          if (!error.empty() && ++failures <= 5)
+            ADD_FAILURE() << "rank " << context.rank << " " << algo::collective_name(collective)
+                          << " count " << count << " dtype " << dtype << " op " << op
+                          << (in_place ? " in-place: " : ": ") << error;
+          if (cma_bytes != 0 && count * dtype_size(dtype) >= cma_bytes)
+            expected += cma_reads_expected(c, context.rank, context.nranks);
+        }
+  return expected;
+}
+
+const Collective kAll[] = {Collective::AllGather, Collective::Broadcast, Collective::AllToAll,
+                           Collective::AllReduce, Collective::Reduce};
+
+class CmaMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
+
+// Counts 0, 1, 7 and past the (4 KiB) staging, every block read by CMA.
+TEST_P(CmaMatrix, ExactAndReadByCma) {
+  TraceLogs logs;
+  run_ranks(
+      GetParam(),
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const size_t counts[] = {0, 1, 7, kStagingBytes + 5};
+        int expected = run_cases(comm, context, kAll, counts, 1);
+        EXPECT_GT(expected, 0);
+        EXPECT_EQ(cma_reads_logged(), expected);
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      logs.options({{"WEFT_SHM_CMA_BYTES", "1"}}));
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, CmaMatrix, ::testing::Values(2, 3, 4));
+
+// Blocks under WEFT_SHM_CMA_BYTES are staged, larger ones read by CMA; 0
+// turns it off whatever the size. Exact either way.
+TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
+  TraceLogs logs;
+  for (const char* threshold : {"4096", "0"}) {
+    SCOPED_TRACE(threshold);
+    run_ranks(
+        3,
+        [threshold](const RankContext& context) {
+          weftComm_t world = init_comm(context);
+          weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+          const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
+          // int8, float16 and float64 blocks on both sides of 4096 bytes.
+          const size_t counts[] = {7, 512, 2047, 2048, 4095, 4096, 20000};
+          int expected = run_cases(comm, context, collectives, counts, atoi(threshold));
+          EXPECT_EQ(cma_reads_logged(), expected);
+          EXPECT_TRUE(atoi(threshold) == 0 || expected > 0);
+          EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+          EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+        },
+        logs.options({{"WEFT_SHM_CMA_BYTES", threshold}}));
+  }
+}
+
+// Rank 0's input is registered weftMemAlloc memory (a mapped offer), the
+// others' are vectors (CMA offers): one op reads both kinds.
+TEST_F(NoLeftovers, MappedAndCmaOffersMix) {
+  TraceLogs logs;
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const int n = context.nranks;
+        const size_t count = 50000, bytes = n * count * sizeof(int32_t);
+        void* shared = nullptr;
+        void* handle = nullptr;
+        std::vector<int32_t> plain(n * count), output(n * count);
+        int32_t* input = plain.data();
+        if (context.rank == 0) {
+          ASSERT_EQ(weftMemAlloc(&shared, bytes), weftSuccess) << weftGetLastError(nullptr);
+          ASSERT_EQ(weftCommRegister(comm, shared, bytes, &handle), weftSuccess);
+          input = static_cast<int32_t*>(shared);
+        }
+        for (size_t i = 0; i < n * count; ++i)
+          input[i] = static_cast<int32_t>(pattern_value(context.rank, i));
+        ASSERT_EQ(weftAllGather(input, output.data(), count, weftInt32, comm, nullptr), weftSuccess)
+            << weftGetLastError(comm);
+        size_t wrong = 0;
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; ++i) wrong += output[q * count + i] != pattern_value(q, i);
+        ASSERT_EQ(weftAllToAll(input, output.data(), count, weftInt32, comm, nullptr), weftSuccess)
+            << weftGetLastError(comm);
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; ++i)
+            wrong += output[q * count + i] != pattern_value(q, context.rank * count + i);
+        EXPECT_EQ(wrong, 0u);
+        // Every peer but rank 0 was read by CMA, in both ops.
+        EXPECT_EQ(cma_reads_logged(), 2 * (context.rank == 0 ? n - 1 : n - 2));
+        if (context.rank == 0) {
+          EXPECT_EQ(weftCommDeregister(comm, handle), weftSuccess);
+          EXPECT_EQ(weftMemFree(shared), weftSuccess);
+        }
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      logs.options({{"WEFT_SHM_CMA_BYTES", "1"}, {"WEFT_SHM_ZERO_COPY_BYTES", "0"}}));
+}
+
+// Each rank rewrites its input the moment a call returns: had a rank returned
+// while a peer still read its input, that peer would see the next values.
+TEST_F(NoLeftovers, InputRewrittenRightAfterReturn) {
+  TraceLogs logs;
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const int n = context.nranks;
+        const size_t count = 1 << 16;
+        auto value = [](int q, int iteration, size_t i) {
+          return static_cast<int32_t>(pattern_value(q, i) + 1000 * iteration);
+        };
+        std::vector<int32_t> input(n * count), output(n * count);
+        for (size_t i = 0; i < n * count; ++i) input[i] = value(context.rank, 0, i);
+        size_t wrong = 0;
+        int expected = 0;
+        for (int iteration = 0; iteration < 30; ++iteration) {
+          const int kind = iteration % 3, root = iteration % n;
+          weftResult_t result =
+              kind == 0
+                  ? weftAllGather(input.data(), output.data(), count, weftInt32, comm, nullptr)
+              : kind == 1
+                  ? weftAllToAll(input.data(), output.data(), count, weftInt32, comm, nullptr)
+                  : weftBroadcast(input.data(), output.data(), count, weftInt32, root, comm,
+                                  nullptr);
+          ASSERT_EQ(result, weftSuccess) << weftGetLastError(comm);
+          expected += kind < 2 ? n - 1 : context.rank != root;
+          for (size_t i = 0; i < n * count; ++i) input[i] = value(context.rank, iteration + 1, i);
+          if (kind == 2) {
+            for (size_t i = 0; i < count; ++i) wrong += output[i] != value(root, iteration, i);
+            continue;
+          }
+          for (int q = 0; q < n; ++q)
+            for (size_t i = 0; i < count; ++i)
+              wrong += output[q * count + i] !=
+                       value(q, iteration, kind == 0 ? i : context.rank * count + i);
+        }
+        EXPECT_EQ(wrong, 0u);
+        EXPECT_EQ(cma_reads_logged(), expected);
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      logs.options({{"WEFT_SHM_CMA_BYTES", "65536"}}));
+}
+
+// A rank killed while its peers read its input by CMA: every survivor
+// returns an error well within the timeout.
+TEST_F(NoLeftovers, KilledPeerIsAnErrorOnEverySurvivor) {
+  constexpr int kTimeoutMs = 20000;
+  TraceLogs logs;
+  RunOptions options = logs.options({{"WEFT_SHM_CMA_BYTES", "1"}});
+  options.expected.assign(3, ExpectedEnd{});
+  options.expected[2].signal = SIGKILL;
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context, kTimeoutMs);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot, kTimeoutMs);
+        const size_t count = 1 << 18;
+        std::vector<int32_t> input(count, context.rank), output(context.nranks * count);
+        for (int op = 0; op < 20; ++op)
+          ASSERT_EQ(weftAllGather(input.data(), output.data(), count, weftInt32, comm, nullptr),
+                    weftSuccess);
+        if (context.rank == 2) raise(SIGKILL);
+        auto start = std::chrono::steady_clock::now();
+        weftResult_t result = weftSuccess;
+        for (int op = 0; op < 1000 && result == weftSuccess; ++op)
+          result = weftAllGather(input.data(), output.data(), count, weftInt32, comm, nullptr);
+        EXPECT_NE(result, weftSuccess);
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  kTimeoutMs / 1000.0 / 2)
+            << "took too long to notice: " << weftGetLastError(comm);
+        EXPECT_GE(cma_reads_logged(), 20 * (context.nranks - 1));
+        EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+        EXPECT_EQ(weftCommAbort(world), weftSuccess);
+      },
+      options);
+}
+
+}  // namespace
+}  // namespace weft::testing
