@@ -120,8 +120,8 @@ reduce::Op reduce_op(weftRedOp_t op) {
 }
 
 // A direct algorithm's job description, or why it cannot run here.
-Status prepare_direct(const Communicator& comm, const algo::Params& params,
-                      std::shared_ptr<const DirectCall>* out) {
+Status prepare_direct(const Communicator& comm, const algo::Params& params, JobBatch& batch,
+                      const DirectCall** out) {
   const char* algorithm = algo::algorithm_name(params.algorithm);
   const char* name = name_of(params.collective);
   if (!algo::supports(params.algorithm, params.collective))
@@ -131,7 +131,11 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params,
                  "%s: algorithm %s needs every rank on one node with shared memory, but this "
                  "communicator's ranks are on several nodes (or WEFT_SHM_DISABLE is set)",
                  name, algorithm);
-  auto call = std::make_shared<DirectCall>();
+  std::shared_ptr<DirectCall> call = batch.new_direct();
+  // A spare call keeps its count arrays' capacity; their contents are its last call's.
+  for (std::vector<uint64_t>* counts :
+       {&call->send_counts, &call->send_displs, &call->recv_counts, &call->recv_displs})
+    counts->clear();
   call->collective = params.collective;
   call->algorithm = params.algorithm;
   call->count = params.count;
@@ -147,7 +151,8 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params,
       return Error(weftInvalidArgument,
                    "alltoallv: this rank's send and receive counts to itself differ");
   }
-  *out = std::move(call);
+  *out = call.get();
+  batch.directs.push_back(std::move(call));
   return Status::Ok();
 }
 
@@ -262,10 +267,7 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   const bool staged = call.collective == algo::Collective::AllToAllv &&
                       plan.algorithm == algo::Algorithm::Hierarchical;
   if (algo::is_direct(plan.algorithm)) {
-    std::shared_ptr<const DirectCall> direct;
-    WEFT_RETURN_IF_ERROR(prepare_direct(comm, params, &direct));
-    job.direct = direct.get();
-    batch.directs.push_back(std::move(direct));
+    WEFT_RETURN_IF_ERROR(prepare_direct(comm, params, batch, &job.direct));
   } else if (!staged) {
     std::shared_ptr<const CompiledProgram> program;
     if (call.collective == algo::Collective::AllToAllv)

@@ -200,18 +200,30 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
     // and whether this rank would offer CMA at all.
     cma_probe_ = static_cast<uint64_t>(getpid()) << 32 ^ static_cast<uint64_t>(rank) ^
                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    const uint64_t probe[4] = {static_cast<uint64_t>(getpid()),
-                               reinterpret_cast<uintptr_t>(&cma_probe_), cma_probe_, cma_bytes_};
-    std::vector<std::string> probes;
-    Status attached =
-        agree(allgather, opened, std::string(reinterpret_cast<const char*>(probe), sizeof(probe)),
-              &probes);
+    const SetupWords mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uintptr_t>(&cma_probe_),
+                          cma_probe_, cma_bytes_, zero_copy_bytes_};
+    std::vector<std::string> words;
+    Status attached = agree(
+        allgather, opened, std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)), &words);
     // Unlink every name (ENOENT is fine): a segment whose creator died
     // between the stages is still removed by the survivors.
     for (const std::string& name : names) shm::Segment::unlink_name(name);
     segments[rank].unlink();
     WEFT_RETURN_IF_ERROR(attached);
-    WEFT_RETURN_IF_ERROR(probe_cma(allgather, probes));
+    std::vector<SetupWords> setups(nranks);
+    for (int q = 0; q < nranks; ++q) {
+      if (words[q].size() != sizeof(SetupWords))
+        return Error(weftInternalError, "shared memory: rank %d sent a malformed setup", q);
+      memcpy(&setups[q], words[q].data(), sizeof(SetupWords));
+    }
+    WEFT_RETURN_IF_ERROR(probe_cma(allgather, setups));
+    // Below the largest of the ranks' smallest offer sizes some rank refuses every offer,
+    // so such ops are staged without publishing offers (a synchronisation less per call).
+    for (const SetupWords& setup : setups) {
+      uint64_t smallest = setup.zero_copy_bytes;
+      if (cma_ && setup.cma_bytes != 0) smallest = std::min(smallest, setup.cma_bytes);
+      offer_floor_ = std::max(offer_floor_, smallest);
+    }
   }
   segments_ = std::move(segments);
   for (const shm::Segment& segment : segments_)
@@ -406,27 +418,21 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   return true;
 }
 
-Status DirectState::probe_cma(const AllGather& allgather, const std::vector<std::string>& probes) {
-  using Probe = std::array<uint64_t, 4>;  // pid, address, value, WEFT_SHM_CMA_BYTES
-  std::vector<Probe> all(nranks_);
+Status DirectState::probe_cma(const AllGather& allgather, const std::vector<SetupWords>& setups) {
   bool wanted = false;
-  for (int q = 0; q < nranks_; ++q) {
-    if (probes[q].size() != sizeof(Probe))
-      return Error(weftInternalError, "shared memory: rank %d sent a malformed probe", q);
-    memcpy(all[q].data(), probes[q].data(), sizeof(Probe));
-    wanted = wanted || all[q][3] != 0;
-  }
+  for (const SetupWords& setup : setups) wanted = wanted || setup.cma_bytes != 0;
   // Every rank sees the same probes, so all skip the round below alike.
   if (!wanted) return Status::Ok();
   std::string why;
   for (int q = 0; q < nranks_ && why.empty(); ++q) {
     if (q == rank_) continue;
-    const Probe& probe = all[q];
+    const SetupWords& setup = setups[q];
     uint64_t seen = 0;
-    Status read = shm::cma_read(static_cast<pid_t>(probe[0]), probe[1], &seen, sizeof(seen));
+    Status read =
+        shm::cma_read(static_cast<pid_t>(setup.pid), setup.probe_address, &seen, sizeof(seen));
     if (!read.ok())
       why = "rank " + std::to_string(q) + ": " + read.message();
-    else if (seen != probe[2])  // another pid namespace: that pid is someone else
+    else if (seen != setup.probe_value)  // another pid namespace: that pid is someone else
       why = "rank " + std::to_string(q) + "'s pid names another process here";
   }
   std::vector<std::vector<uint8_t>> flags;
@@ -489,7 +495,8 @@ DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input
 
 bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun* run) {
   using Path = DirectRun::Path;
-  if (!shared() || !zero_copy_capable(*job.direct)) {
+  if (!shared() || !zero_copy_capable(*job.direct) ||
+      job.direct->count * job.math.element_size < offer_floor_) {
     run->path = Path::Staging;
     return true;
   }

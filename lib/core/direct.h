@@ -151,9 +151,13 @@ class DirectState {
   Status read_input(int q, size_t offset, std::byte* dst, size_t bytes) const;
   // Reads the peers' inputs, then waits until every peer read this rank's.
   bool zero_copy(const Job& job, DirectRun* run, bool* progressed);
+  // What each rank tells the others at init's second stage: where its CMA
+  // probe word lies (its pid, address and value) and its size thresholds.
+  struct SetupWords {
+    uint64_t pid, probe_address, probe_value, cma_bytes, zero_copy_bytes;
+  };
   // Whether every pair of ranks can use cross-memory attach (collective).
-  // `probes`: every rank's probe from init's second stage.
-  Status probe_cma(const AllGather& allgather, const std::vector<std::string>& probes);
+  Status probe_cma(const AllGather& allgather, const std::vector<SetupWords>& setups);
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -169,6 +173,7 @@ class DirectState {
   const Registry* registry_ = nullptr;
   uint64_t zero_copy_bytes_ = 0;  // smaller messages are staged
   uint64_t cma_bytes_ = 0;        // smaller blocks are staged; 0: no CMA offers
+  uint64_t offer_floor_ = 0;      // smaller blocks are staged by every rank, unoffered
   bool cma_ = false;
   uint64_t cma_probe_ = 0;  // the word peers read at init
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed

@@ -77,14 +77,29 @@ struct Job {
 struct JobBatch {
   std::vector<Job> jobs;
   std::vector<std::shared_ptr<const CompiledProgram>> programs;
-  std::vector<std::shared_ptr<const DirectCall>> directs;
+  std::vector<std::shared_ptr<DirectCall>> directs;
   std::vector<std::shared_ptr<JobStage>> stages;
+  // A DirectCall for the next job: a spare one when there is one (a batch is reused
+  // call after call, so a blocking direct call then allocates nothing).
+  std::shared_ptr<DirectCall> new_direct() {
+    if (spare_directs_.empty()) return std::make_shared<DirectCall>();
+    std::shared_ptr<DirectCall> call = std::move(spare_directs_.back());
+    spare_directs_.pop_back();
+    return call;
+  }
   void clear() {
     jobs.clear();
     programs.clear();
+    for (std::shared_ptr<DirectCall>& call : directs)
+      if (call.use_count() == 1 && spare_directs_.size() < kSpareDirects)
+        spare_directs_.push_back(std::move(call));
     directs.clear();
     stages.clear();
   }
+
+ private:
+  static constexpr size_t kSpareDirects = 4;
+  std::vector<std::shared_ptr<DirectCall>> spare_directs_;  // held by nothing else
 };
 
 class JobRunner {
