@@ -251,8 +251,11 @@ void DirectState::interrupt() {
   if (shm::Doorbell* bell = doorbell()) bell->interrupt();
 }
 
-void DirectState::ring_all() const {
-  for (Control* peer : controls_) peer->bell.ring();
+void DirectState::ring_peers() const {
+  // Only peers wait for what this rank publishes; one fence serves every doorbell.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_) controls_[q]->bell.ring_fenced();
 }
 
 bool DirectState::peers_ready(uint64_t round, bool* more) const {
@@ -403,7 +406,7 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     if (!run->published) {
       run->more = pack(job, input, run->step);
       mine.ready[round % 2].store(round << 1 | (run->more ? 1 : 0), std::memory_order_release);
-      ring_all();
+      ring_peers();
       run->published = true;
     }
     if (!peers_ready(round, &more)) return false;
@@ -511,7 +514,7 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
     mine.offer_offset.store(offer.offset, std::memory_order_relaxed);
     mine.offer_bytes.store(offer.bytes, std::memory_order_relaxed);
     mine.offer_op.store(op, std::memory_order_release);
-    ring_all();
+    ring_peers();
     run->offered = true;
     // Every peer sees this refusal, so all of them stage the op too. A peer
     // does not overwrite its offer before this rank read it: its next op
@@ -637,7 +640,7 @@ bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
                algo::collective_name(call.collective), static_cast<unsigned long long>(op), cma);
     }
     control(rank_).done.store(op, std::memory_order_release);
-    ring_all();
+    ring_peers();
     run->read = true;
     *progressed = true;
   }

@@ -126,7 +126,8 @@ class DirectState {
   const std::byte* staging(int rank) const;
   std::byte* own_staging() const;
   bool peers_ready(uint64_t round, bool* more) const;
-  void ring_all() const;
+  // Wakes the peers that sleep waiting for what this rank just published.
+  void ring_peers() const;
   // Writes this rank's part of round `step` into its staging; returns whether
   // this rank needs another round after it.
   bool pack(const Job& job, const std::byte* input, uint64_t step) const;

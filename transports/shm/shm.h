@@ -81,6 +81,10 @@ struct Doorbell {
   // sleeper check, pairing with arm's seq_cst increment).
   void ring() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
+    ring_fenced();
+  }
+  // ring() when the caller fenced already (one fence for several doorbells).
+  void ring_fenced() {
     if (sleepers.load(std::memory_order_relaxed) == 0) return;
     interrupt();
   }
