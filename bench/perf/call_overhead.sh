@@ -2,8 +2,9 @@
 # Instructions per call on the host path (API entry, validation, tuner, job setup,
 # executor, the algorithm's own work) for 8-byte calls on one rank, counted by
 # callgrind: unlike a timing, the count does not move with the machine's load, so it
-# tracks the per-call overhead from commit to commit. Two runs of N0 and N0 + N calls;
-# their difference divided by N removes init and teardown.
+# tracks the per-call overhead from commit to commit. Two runs of 10 and 10 + N
+# iterations (weft-perf makes two calls per iteration: out of place, then in place);
+# the difference divided by 2N calls removes init and teardown.
 #   bench/perf/call_overhead.sh BUILD_DIR [N] [COLLECTIVE:ALGORITHM ...]
 # Needs valgrind. Default: allreduce:oneshot allreduce:ring allgather:oneshot
 # broadcast:oneshot, N = 20000.
@@ -26,5 +27,5 @@ for pair in "$@"; do
   base=$(instructions "$coll" "$algo" 10)
   total=$(instructions "$coll" "$algo" $((10 + calls)))
   [ -n "$base" ] && [ -n "$total" ] || { echo "call_overhead.sh: $pair did not run" >&2; exit 1; }
-  echo "$coll $algo: $(( (total - base) / calls )) instructions per call"
+  echo "$coll $algo: $(( (total - base) / (2 * calls) )) instructions per call"
 done
