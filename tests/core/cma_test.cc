@@ -4,10 +4,16 @@
 // peer inputs it read by CMA in its TRACE log and compares that with the
 // number the cases call for); the WEFT_SHM_CMA_BYTES threshold; CMA and
 // mapped offers in one op; inputs rewritten the moment a call returns; a
-// killed peer.
+// killed peer; a rank that may not use CMA turns it off for all.
 #include <gtest/gtest.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -58,18 +64,42 @@ class TraceLogs {
   std::string dir_, file_;
 };
 
-// Peer inputs this process read by CMA so far, from its own log.
-int cma_reads_logged() {
+// This process's log, line by line.
+std::vector<std::string> own_log() {
   std::string path = getenv("WEFT_DEBUG_FILE");
   path.replace(path.find("%p"), 2, std::to_string(getpid()));
   std::ifstream log(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(log, line);) lines.push_back(line);
+  return lines;
+}
+
+// Peer inputs this process read by CMA so far, from its own log.
+int cma_reads_logged() {
   const std::string marker = "read in place, cma=";
   int reads = 0;
-  for (std::string line; std::getline(log, line);) {
+  for (const std::string& line : own_log()) {
     size_t at = line.find(marker);
     if (at != std::string::npos) reads += atoi(line.c_str() + at + marker.size());
   }
   return reads;
+}
+
+// From now on process_vm_readv fails with EPERM in this process, as it does
+// under Yama's ptrace_scope 1 or in a container without the capability.
+void refuse_cross_memory_attach() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+  ASSERT_EQ(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+  ASSERT_EQ(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program), 0);
 }
 
 // Peer inputs a rank reads by CMA in case `c` when every input is ordinary memory.
@@ -154,6 +184,32 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
         },
         logs.options({{"WEFT_SHM_CMA_BYTES", threshold}}));
   }
+}
+
+// One rank that may not read its peers (EPERM) fails the init probe for all:
+// every rank says so in its log, reads nothing by CMA, and stays exact.
+TEST_F(NoLeftovers, OneRefusingRankTurnsCmaOffForAll) {
+  TraceLogs logs;
+  RunOptions options = logs.options({{"WEFT_SHM_CMA_BYTES", "1"}});
+  options.env.push_back({"WEFT_DEBUG_SUBSYS", "COLL,INIT"});
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        if (context.rank == 1) refuse_cross_memory_attach();
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
+        const size_t counts[] = {7, kStagingBytes + 5};
+        EXPECT_GT(run_cases(comm, context, collectives, counts, 1), 0);
+        EXPECT_EQ(cma_reads_logged(), 0);
+        int refusals = 0;
+        for (const std::string& line : own_log())
+          refusals += line.find("no cross-memory attach") != std::string::npos;
+        EXPECT_GE(refusals, 1) << "rank " << context.rank << " did not log the refusal";
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      options);
 }
 
 // Rank 0's input is registered weftMemAlloc memory (a mapped offer), the
