@@ -179,7 +179,7 @@ std::vector<cpu_set_t> usable_cores() {
   CPU_ZERO(&allowed);
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
   struct Core {
-    int package, core_id, first_cpu;
+    int package, core_id;
     cpu_set_t cpus;
   };
   std::vector<Core> cores;
@@ -191,7 +191,7 @@ std::vector<cpu_set_t> usable_cores() {
       return core_id >= 0 && c.package == package && c.core_id == core_id;
     });
     if (same == cores.end()) {
-      same = cores.insert(cores.end(), Core{package, core_id, cpu, {}});
+      same = cores.insert(cores.end(), Core{package, core_id, {}});
       CPU_ZERO(&same->cpus);
     }
     CPU_SET(cpu, &same->cpus);
