@@ -232,6 +232,12 @@ weftResult_t weftCommInitFromEnv(weftComm_t* comm, weftConfig_t* config) {
     WEFT_RETURN_IF_ERROR(read_config(config, &comm_config));
     weft::LaunchInfo launch;
     WEFT_RETURN_IF_ERROR(weft::read_launch_env(&launch));
+    if (weft::env_string("WEFT_SOCKET_IFNAME")) {
+      // The rendezvous is at WEFT_ROOT, but naming an interface that does not
+      // exist is a mistake to stop at, not to ignore.
+      weft::SocketAddress unused;
+      WEFT_RETURN_IF_ERROR(weft::choose_interface_address(&unused, nullptr));
+    }
     if (comm_config.timeout_ms <= 0) comm_config.timeout_ms = weft::default_timeout_ms();
     if (launch.rank == 0) {
       weft::RootAddress listen = launch.root;

@@ -1,7 +1,12 @@
 #include "common/env.h"
 
-#include <cerrno>
+#include <strings.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
 
 #include "common/log.h"
 
@@ -9,14 +14,18 @@ namespace weft {
 
 namespace {
 constexpr EnvVar kEnvTable[] = {
-    {"WEFT_DEBUG", "WARN", "Log level: NONE, WARN, INFO or TRACE."},
+    {"WEFT_DEBUG", "WARN", "Log level: NONE, WARN, INFO or TRACE.", EnvKind::kChoice, 0, UINT64_MAX,
+     "NONE|WARN|INFO|TRACE"},
     {"WEFT_DEBUG_SUBSYS", "ALL",
      "Comma-separated subsystems to log: INIT, BOOTSTRAP, TRANSPORT, P2P, COLL, ALGO, TUNE, ENV, "
-     "ALL; a leading ^ excludes the listed ones."},
-    {"WEFT_DEBUG_FILE", "", "Write log lines to this file instead of stderr (%h host, %p pid)."},
+     "ALL; a leading ^ excludes the listed ones.",
+     EnvKind::kChoiceList, 0, UINT64_MAX, "INIT|BOOTSTRAP|TRANSPORT|P2P|COLL|ALGO|TUNE|ENV|ALL"},
+    {"WEFT_DEBUG_FILE", "", "Write log lines to this file instead of stderr (%h host, %p pid).",
+     EnvKind::kPath},
     {"WEFT_TIMEOUT_MS", "300000",
      "Bound on every wait (bootstrap, transfers, barrier); a stalled or dead peer becomes an "
-     "error within it."},
+     "error within it.",
+     EnvKind::kInt, 1, INT32_MAX},
     {"WEFT_SOCKET_IFNAME", "",
      "Interfaces for the bootstrap: comma-separated name prefixes, ^ to exclude, = for exact "
      "names. Default: the first non-loopback IPv4 interface that is up, else loopback."},
@@ -28,36 +37,52 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_SECRET", "",
      "32 hex digits: the 128-bit secret every rank presents to the rendezvous in "
      "weftCommInitFromEnv (weftrun sets a random one)."},
-    {"WEFT_LOCAL_RANK", "", "Rank within this node, set by weftrun (informational)."},
+    {"WEFT_LOCAL_RANK", "", "Rank within this node, set by weftrun (informational).",
+     EnvKind::kInt},
+    {"WEFT_LOCAL_SIZE", "", "Number of ranks on this node, set by weftrun (informational).",
+     EnvKind::kInt, 1},
     {"WEFT_ALGO", "",
      "Force algorithms per collective and optionally per size range, e.g. "
      "allreduce:0-16K:rd,allreduce:16K-inf:ring,allgather:bruck (names: ring, tree, rhd, rd, "
      "bruck, pairwise, binomial, chain, dissemination, hier, leader, oneshot, twoshot)."},
     {"WEFT_TOPO_FILE", "",
      "A cluster description (JSON, docs/topology.md) to use instead of discovering the "
-     "topology: for tests, planning and weft-topo."},
+     "topology: for tests, planning and weft-topo.",
+     EnvKind::kPath},
     {"WEFT_REDUCE_ISA", "",
      "Force the reduction kernels' instruction set: scalar, avx2 or avx512 (clamped to what the "
-     "CPU has)."},
+     "CPU has).",
+     EnvKind::kChoice, 0, UINT64_MAX, "scalar|avx2|avx512"},
     {"WEFT_SHM_BYTES", "4194304",
      "Shared-memory staging per rank (bytes, at least 4096) for the direct algorithms when every "
      "rank of a communicator is on one node; each such communicator reserves it in /dev/shm at "
-     "init, which fails naming /dev/shm when it does not fit."},
+     "init, which fails naming /dev/shm when it does not fit.",
+     EnvKind::kBytes},
     {"WEFT_SHM_DISABLE", "0",
-     "1: no shared memory; communicators on one node run only the message-based algorithms."},
+     "1: no shared memory; communicators on one node run only the message-based algorithms.",
+     EnvKind::kBool},
     {"WEFT_SHM_ZERO_COPY_BYTES", "8192",
      "Smallest message (bytes per rank) that direct collectives read in place from registered "
-     "weftMemAlloc buffers; smaller ones are staged (one synchronisation instead of two)."},
+     "weftMemAlloc buffers; smaller ones are staged (one synchronisation instead of two).",
+     EnvKind::kBytes},
     {"WEFT_SHM_CMA_BYTES", "0",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
      "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "
      "copy); smaller ones are staged. 0 (the default: slower than staging where measured) disables "
-     "it."},
+     "it.",
+     EnvKind::kBytes},
 };
 }  // namespace
 
 std::span<const EnvVar> env_table() {
   return kEnvTable;
+}
+
+const EnvVar& env_var(const char* name) {
+  for (const EnvVar& var : kEnvTable)
+    if (strcmp(var.name, name) == 0) return var;
+  fprintf(stderr, "weft: internal error: %s is not in the environment table\n", name);
+  abort();
 }
 
 std::optional<std::string> env_string(const char* name) {
@@ -66,23 +91,177 @@ std::optional<std::string> env_string(const char* name) {
   return std::string(value);
 }
 
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* value = getenv(name);
-  if (value == nullptr || value[0] == '\0') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long long parsed = strtoll(value, &end, 10);
-  if (errno != 0 || end == value || *end != '\0') {
-    WEFT_LOG(WARN, ENV, "%s=%s is not an integer; using %lld", name, value,
-             static_cast<long long>(fallback));
-    return fallback;
+bool parse_bytes(std::string_view text, uint64_t* out) {
+  if (text == "inf") {
+    *out = UINT64_MAX;
+    return true;
   }
-  return parsed;
+  uint64_t value = 0;
+  size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    if (value > UINT64_MAX / 10 || value * 10 > UINT64_MAX - (text[i] - '0')) return false;
+    value = value * 10 + static_cast<uint64_t>(text[i] - '0');
+  }
+  if (i == 0) return false;
+  int shift = 0;
+  if (i + 1 == text.size()) {
+    const char unit = text[i];
+    shift = unit == 'K' || unit == 'k'   ? 10
+            : unit == 'M' || unit == 'm' ? 20
+            : unit == 'G' || unit == 'g' ? 30
+                                         : -1;
+    if (shift < 0) return false;
+  } else if (i != text.size()) {
+    return false;
+  }
+  if (shift > 0 && value > (UINT64_MAX >> shift)) return false;
+  *out = value << shift;
+  return true;
+}
+
+namespace {
+
+bool equal_nocase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// The index of `item` among var.choices, or -1.
+int choice_index(const EnvVar& var, std::string_view item) {
+  std::string_view rest(var.choices);
+  for (int index = 0;; ++index) {
+    size_t bar = rest.find('|');
+    if (equal_nocase(rest.substr(0, bar), item)) return index;
+    if (bar == std::string_view::npos) return -1;
+    rest.remove_prefix(bar + 1);
+  }
+}
+
+std::string choice_text(const EnvVar& var) {
+  std::string text(var.choices);
+  for (char& c : text)
+    if (c == '|') c = ',';
+  return text;
+}
+
+std::string range_text(const EnvVar& var) {
+  if (var.max == UINT64_MAX) return "of at least " + std::to_string(var.min);
+  return "from " + std::to_string(var.min) + " to " + std::to_string(var.max);
+}
+
+}  // namespace
+
+std::optional<uint64_t> parse_env_value(const EnvVar& var, std::string_view text,
+                                        std::string* expected) {
+  uint64_t value = 0;
+  switch (var.kind) {
+    case EnvKind::kText:
+    case EnvKind::kPath:
+      return 0;
+    case EnvKind::kInt: {
+      bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+      if (digits && parse_bytes(text, &value) && value >= var.min && value <= var.max) return value;
+      *expected = "an integer " + range_text(var);
+      return std::nullopt;
+    }
+    case EnvKind::kBytes:
+      if (text != "inf" && parse_bytes(text, &value) && value >= var.min && value <= var.max)
+        return value;
+      *expected = "a byte count " + range_text(var) + " (K, M, G suffixes allowed)";
+      return std::nullopt;
+    case EnvKind::kBool:
+      for (std::string_view no : {"0", "no", "off", "false"})
+        if (equal_nocase(text, no)) return 0;
+      for (std::string_view yes : {"1", "yes", "on", "true"})
+        if (equal_nocase(text, yes)) return 1;
+      *expected = "0 or 1";
+      return std::nullopt;
+    case EnvKind::kChoice: {
+      int index = choice_index(var, text);
+      if (index >= 0) return static_cast<uint64_t>(index);
+      *expected = "one of " + choice_text(var);
+      return std::nullopt;
+    }
+    case EnvKind::kChoiceList: {
+      const bool exclude = !text.empty() && text.front() == '^';
+      if (exclude) text.remove_prefix(1);
+      bool any = false;
+      while (!text.empty()) {
+        size_t comma = text.find(',');
+        std::string_view item = text.substr(0, comma);
+        int index = choice_index(var, item);
+        if (!item.empty() && index < 0) break;
+        if (index >= 0) value |= uint64_t{1} << index;
+        any = any || index >= 0;
+        text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+      }
+      if (any && text.empty()) return exclude ? ~value : value;
+      *expected = "a comma-separated list of " + choice_text(var) + ", ^ first to exclude";
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string env_warning(const EnvVar& var, std::string_view text, const std::string& expected,
+                        std::string_view used) {
+  return std::string(var.name) + "=" + std::string(text) + " is not " + expected + "; using " +
+         std::string(used);
+}
+
+namespace {
+
+// A bad value warns once per process, however often it is read.
+void warn_once(const EnvVar& var, const std::string& text, const std::string& expected,
+               std::string_view used) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(std::string(var.name) + "=" + text).second) return;
+  }
+  WEFT_LOG(WARN, ENV, "%s", env_warning(var, text, expected, used).c_str());
+}
+
+std::optional<uint64_t> checked_value(const EnvVar& var, const char* used_instead) {
+  std::optional<std::string> text = env_string(var.name);
+  if (!text) return std::nullopt;
+  std::string expected;
+  std::optional<uint64_t> value = parse_env_value(var, *text, &expected);
+  if (!value) warn_once(var, *text, expected, used_instead);
+  return value;
+}
+
+}  // namespace
+
+uint64_t env_value(const char* name) {
+  const EnvVar& var = env_var(name);
+  std::string unused;
+  std::optional<uint64_t> fallback = parse_env_value(var, var.default_value, &unused);
+  if (!fallback) {
+    fprintf(stderr, "weft: internal error: %s has no valid default\n", name);
+    abort();
+  }
+  return checked_value(var, var.default_value).value_or(*fallback);
+}
+
+std::optional<uint64_t> env_value_if_set(const char* name, const char* used_instead) {
+  return checked_value(env_var(name), used_instead);
+}
+
+void check_environment() {
+  for (const EnvVar& var : kEnvTable) {
+    if (var.default_value[0] != '\0') {
+      env_value(var.name);
+    } else if (var.kind == EnvKind::kInt) {
+      env_value_if_set(var.name, "nothing (it is informational)");
+    }
+    // Text and paths are checked where they are used; WEFT_REDUCE_ISA where the
+    // kernels are chosen, which knows what it falls back to.
+  }
 }
 
 int64_t default_timeout_ms() {
-  int64_t timeout = env_int("WEFT_TIMEOUT_MS", 300000);
-  return timeout > 0 ? timeout : 300000;
+  return static_cast<int64_t>(env_value("WEFT_TIMEOUT_MS"));
 }
 
 }  // namespace weft

@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/env.h"
 
@@ -33,37 +35,36 @@ constexpr SubsysName kSubsysNames[] = {
     {"ALL", kLogALL},
 };
 
-int parse_level(const char* text) {
-  if (text == nullptr) return static_cast<int>(LogLevel::WARN);
-  if (strcasecmp(text, "NONE") == 0) return static_cast<int>(LogLevel::NONE);
-  if (strcasecmp(text, "INFO") == 0) return static_cast<int>(LogLevel::INFO);
-  if (strcasecmp(text, "TRACE") == 0) return static_cast<int>(LogLevel::TRACE);
-  return static_cast<int>(LogLevel::WARN);
+// Warnings about the logging variables themselves, written once the logger
+// that would print them exists (a WEFT_LOG inside its own set-up would recurse).
+std::vector<std::string>& pending_warnings() {
+  static std::vector<std::string> pending;
+  return pending;
 }
 
-uint32_t parse_subsys(const char* text) {
-  if (text == nullptr || text[0] == '\0') return kLogALL;
-  bool exclude = text[0] == '^';
-  if (exclude) ++text;
-  uint32_t mask = 0;
-  std::string_view rest(text);
-  while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    for (const SubsysName& subsys : kSubsysNames) {
-      if (item.size() == strlen(subsys.name) &&
-          strncasecmp(item.data(), subsys.name, item.size()) == 0)
-        mask |= subsys.bit;
-    }
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  return exclude ? ~mask : mask;
+// The parsed value, or the default's with a pending warning.
+uint64_t log_env_value(const char* name) {
+  const EnvVar& var = env_var(name);
+  std::string expected;
+  std::optional<uint64_t> fallback = parse_env_value(var, var.default_value, &expected);
+  std::optional<std::string> text = env_string(name);
+  if (!text) return *fallback;
+  std::optional<uint64_t> value = parse_env_value(var, *text, &expected);
+  if (value) return *value;
+  pending_warnings().push_back(env_warning(var, *text, expected, var.default_value));
+  return *fallback;
 }
 
-FILE* open_log_file() {
-  const char* pattern = getenv("WEFT_DEBUG_FILE");
-  if (pattern == nullptr || pattern[0] == '\0') return stderr;
+LogConfig read_log_config() {
+  const uint64_t subsys = log_env_value("WEFT_DEBUG_SUBSYS");
+  // Choice i of WEFT_DEBUG_SUBSYS is bit i of the mask, except ALL (the last).
+  constexpr uint64_t kAllChoice = uint64_t{1} << 8;
+  static_assert(kLogENV == 1u << 7);
+  return {static_cast<int>(log_env_value("WEFT_DEBUG")),
+          (subsys & kAllChoice) != 0 ? kLogALL : static_cast<uint32_t>(subsys & (kAllChoice - 1))};
+}
+
+std::string log_file_path(const char* pattern) {
   std::string path;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -78,8 +79,23 @@ FILE* open_log_file() {
       path += *p;
     }
   }
+  return path;
+}
+
+FILE* open_log_file() {
+  std::optional<std::string> pattern = env_string("WEFT_DEBUG_FILE");
+  if (!pattern) return stderr;
+  std::string path = log_file_path(pattern->c_str());
   FILE* file = fopen(path.c_str(), "a");
-  return file != nullptr ? file : stderr;
+  if (file != nullptr) return file;
+  pending_warnings().push_back("WEFT_DEBUG_FILE=" + *pattern + ": cannot open " + path + " (" +
+                               strerror(errno) + "); using stderr");
+  return stderr;
+}
+
+FILE* log_sink() {
+  static FILE* const sink = open_log_file();
+  return sink;
 }
 
 const char* subsys_label(uint32_t subsys) {
@@ -91,8 +107,16 @@ const char* subsys_label(uint32_t subsys) {
 }  // namespace
 
 const LogConfig& log_config() {
-  static const LogConfig config = {parse_level(getenv("WEFT_DEBUG")),
-                                   parse_subsys(getenv("WEFT_DEBUG_SUBSYS"))};
+  static const LogConfig config = read_log_config();
+  // log_write reads no configuration, so the warnings can go out from here.
+  static const bool flushed = [] {
+    log_sink();
+    if (config.level >= static_cast<int>(LogLevel::WARN) && (config.subsys_mask & kLogENV) != 0)
+      for (const std::string& warning : pending_warnings())
+        log_write(LogLevel::WARN, kLogENV, "%s", warning.c_str());
+    return true;
+  }();
+  (void)flushed;
   return config;
 }
 
@@ -101,7 +125,7 @@ void set_log_rank(int rank) {
 }
 
 void log_write(LogLevel level, uint32_t subsys, const char* format, ...) {
-  static FILE* const sink = open_log_file();
+  FILE* const sink = log_sink();
   static const std::string host = [] {
     char name[256] = {0};
     gethostname(name, sizeof(name) - 1);

@@ -74,10 +74,12 @@ void progress_all_communicators() {
   for (Communicator* comm : live_communicators()) comm->progress();
 }
 
-// With WEFT_DEBUG=INFO, the first communicator lists every variable Weft reads.
+// The first communicator warns about bad variables and, with WEFT_DEBUG=INFO,
+// lists every variable Weft reads.
 void log_environment_once() {
   static std::once_flag once;
   std::call_once(once, [] {
+    check_environment();
     for (const EnvVar& var : env_table()) {
       std::optional<std::string> value = env_string(var.name);
       WEFT_LOG(INFO, ENV, "%s=%s%s", var.name, value ? value->c_str() : var.default_value,

@@ -16,14 +16,10 @@ namespace weft {
 namespace {
 
 constexpr size_t kLine = 64;
-constexpr int64_t kDefaultStagingBytes = 4 << 20;
-constexpr int64_t kMinStagingBytes = 4096;
-// Below this, staging (one synchronisation) beats reading in place (two).
-constexpr int64_t kDefaultZeroCopyBytes = 8192;
-// Off: on the 2-core VM measured (docs/shared-memory.md) process_vm_readv,
-// which pins the peer's pages one by one, copied 4-8 times slower than
-// memcpy, and staging won at every size.
-constexpr int64_t kDefaultCmaBytes = 0;
+// The defaults of WEFT_SHM_* are in the environment table (common/env.cc): CMA is
+// off because on the 2-core VM measured (docs/shared-memory.md) process_vm_readv,
+// which pins the peer's pages one by one, copied 4-8 times slower than memcpy.
+constexpr uint64_t kMinStagingBytes = 4096;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -163,19 +159,18 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
   rank_ = rank;
   nranks_ = nranks;
   registry_ = registry;
-  zero_copy_bytes_ = static_cast<uint64_t>(
-      std::max<int64_t>(0, env_int("WEFT_SHM_ZERO_COPY_BYTES", kDefaultZeroCopyBytes)));
-  cma_bytes_ =
-      static_cast<uint64_t>(std::max<int64_t>(0, env_int("WEFT_SHM_CMA_BYTES", kDefaultCmaBytes)));
+  zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
+  cma_bytes_ = env_value("WEFT_SHM_CMA_BYTES");
   if (nranks > 1 && !same_node) return Status::Ok();
-  if (nranks > 1 && env_int("WEFT_SHM_DISABLE", 0) != 0) {
+  if (nranks > 1 && env_value("WEFT_SHM_DISABLE") != 0) {
     WEFT_LOG(INFO, INIT, "shared memory disabled by WEFT_SHM_DISABLE");
     return Status::Ok();
   }
-  int64_t requested = env_int("WEFT_SHM_BYTES", kDefaultStagingBytes);
+  const uint64_t requested = env_value("WEFT_SHM_BYTES");
   if (requested < kMinStagingBytes)
-    return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%lld is below the minimum of %lld bytes",
-                 static_cast<long long>(requested), static_cast<long long>(kMinStagingBytes));
+    return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%llu is below the minimum of %llu bytes",
+                 static_cast<unsigned long long>(requested),
+                 static_cast<unsigned long long>(kMinStagingBytes));
   // Two halves, each with a slot per peer of at least a cache line.
   staging_bytes_ = round_up(std::max<size_t>(requested, 2 * nranks * kLine), 2 * kLine);
   size_t total = kControlBytes + staging_bytes_;

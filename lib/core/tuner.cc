@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string_view>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "topo/cluster_view.h"
 #include "topo/shapes.h"
@@ -32,35 +33,6 @@ std::string valid_collectives() {
     names +=
         (c == 0 ? "" : ", ") + std::string(algo::collective_name(static_cast<algo::Collective>(c)));
   return names;
-}
-
-// "16K", "2M", "0", "inf" (UINT64_MAX).
-bool parse_bytes(std::string_view text, uint64_t* out) {
-  if (text == "inf") {
-    *out = UINT64_MAX;
-    return true;
-  }
-  uint64_t value = 0;
-  size_t i = 0;
-  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
-    if (value > UINT64_MAX / 10) return false;
-    value = value * 10 + static_cast<uint64_t>(text[i] - '0');
-  }
-  if (i == 0) return false;
-  int shift = 0;
-  if (i + 1 == text.size()) {
-    const char unit = text[i];
-    shift = unit == 'K' || unit == 'k'   ? 10
-            : unit == 'M' || unit == 'm' ? 20
-            : unit == 'G' || unit == 'g' ? 30
-                                         : -1;
-    if (shift < 0) return false;
-  } else if (i != text.size()) {
-    return false;
-  }
-  if (shift > 0 && value > (UINT64_MAX >> shift)) return false;
-  *out = value << shift;
-  return true;
 }
 
 // Chunk sizes tried for pipelined schedules: big enough to amortise a

@@ -489,7 +489,7 @@ TEST_F(WeftrunTest, UsageErrors) {
                          {{"-n", "2", "--bind-to", "numa", "/bin/true"}, "core or none"},
                          {{"-n", "2", "--bind-to"}, "--bind-to needs a value"}}) {
     Outcome o = run_weftrun(c.args);
-    EXPECT_EQ(o.exit_code(), 127) << c.args[0];
+    EXPECT_EQ(o.exit_code(), 2) << c.args[0];
     EXPECT_NE(o.err.find(c.message), std::string::npos) << o.err;
   }
 }

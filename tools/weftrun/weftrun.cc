@@ -36,8 +36,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Exit code for every usage error, including a program that cannot be found.
-constexpr int kUsageExit = 127;
+// Exit codes as shells use them: 2 for a usage error, 127 for a program that cannot be
+// found or executed.
+constexpr int kUsageExit = 2;
+constexpr int kNotFoundExit = 127;
 constexpr int kTimeoutExit = 124;
 // How long ranks get to end after SIGTERM (or a forwarded signal) before SIGKILL.
 constexpr auto kGrace = std::chrono::seconds(2);
@@ -65,6 +67,7 @@ constexpr const char* kUsage =
     "Each output line of rank R is written as \"[R] line\" (stdout to stdout, stderr to\n"
     "stderr). When a rank exits non-zero or is killed, the others get SIGTERM and, 2 s\n"
     "later, SIGKILL; weftrun then exits with that rank's status (128+signal if killed).\n"
+    "A usage error exits 2, a program that cannot be found or executed 127.\n"
     "SIGINT, SIGTERM and SIGHUP are forwarded to all ranks. Rank 0 reads weftrun's stdin\n"
     "unless it is a terminal; the other ranks read /dev/null.\n";
 
@@ -85,10 +88,10 @@ void say(const std::string& message) {
   write_all(STDERR_FILENO, "weftrun: " + message + "\n");
 }
 
-[[noreturn]] void usage_error(const std::string& message) {
+[[noreturn]] void usage_error(const std::string& message, int code = kUsageExit) {
   say(message);
   write_all(STDERR_FILENO, "Try 'weftrun --help'.\n");
-  std::exit(kUsageExit);
+  std::exit(code);
 }
 
 enum class Binding { Auto, Core, None };
@@ -471,7 +474,7 @@ class Launcher {
     setpgid(0, 0);
     // Die with the launcher; the check closes the window in which it died before prctl.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != launcher_pid_) _exit(kUsageExit);
+    if (getppid() != launcher_pid_) _exit(kNotFoundExit);
     dup2(out_fd, STDOUT_FILENO);
     dup2(err_fd, STDERR_FILENO);
     // Rank 0 may read piped input; a terminal would stop it (it is not in the foreground
@@ -491,7 +494,7 @@ class Launcher {
     set_env("WEFT_LOCAL_RANK", std::to_string(r));
     execvp(options_.argv[0], options_.argv.data());
     say(std::string("cannot execute ") + options_.argv[0] + ": " + strerror(errno));
-    _exit(kUsageExit);
+    _exit(kNotFoundExit);
   }
 
   void wait_for_events() {
@@ -610,7 +613,8 @@ class Launcher {
 int main(int argc, char** argv) {
   weft::run::Options options = weft::run::parse_options(argc, argv);
   if (!weft::run::program_exists(options.argv[0])) {
-    weft::run::usage_error(std::string("program not found or not executable: ") + options.argv[0]);
+    weft::run::usage_error(std::string("program not found or not executable: ") + options.argv[0],
+                           weft::run::kNotFoundExit);
   }
   return weft::run::Launcher(std::move(options)).run();
 }

@@ -113,11 +113,12 @@ Isa best_isa() {
 
 Isa choose_isa(const char* request, Isa best) {
   if (request == nullptr || request[0] == '\0') return best;
-  for (int i = 0; i < kNumIsas; ++i) {
-    if (strcasecmp(request, kIsaNames[i]) == 0) return std::min(static_cast<Isa>(i), best);
-  }
-  WEFT_LOG(WARN, INIT, "WEFT_REDUCE_ISA=%s is not scalar, avx2 or avx512; using %s", request,
-           isa_name(best));
+  // The table's choices for WEFT_REDUCE_ISA are kIsaNames, in order.
+  const EnvVar& var = env_var("WEFT_REDUCE_ISA");
+  std::string expected;
+  if (std::optional<uint64_t> index = parse_env_value(var, request, &expected))
+    return std::min(static_cast<Isa>(*index), best);
+  WEFT_LOG(WARN, ENV, "%s", env_warning(var, request, expected, isa_name(best)).c_str());
   return best;
 }
 
