@@ -32,6 +32,16 @@ constexpr int kExitWeftError = 3;
 constexpr size_t kBufferAlignment = 4096;
 constexpr int kHostNameBytes = 64;
 
+// The rank the launcher gave this process (weftrun, mpirun, srun), known before
+// there is a communicator to ask; nullptr without a launcher.
+const char* launcher_rank() {
+  for (const char* name : {"WEFT_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && value[0] != '\0') return value;
+  }
+  return nullptr;
+}
+
 struct Rank {
   weftComm_t comm = nullptr;
   int rank = 0;
@@ -41,8 +51,17 @@ struct Rank {
 // Ends the process on a failed Weft call: the benchmark cannot go on without its peers.
 void require(const Rank& self, weftResult_t result, const char* what) {
   if (result == weftSuccess) return;
-  std::fprintf(stderr, "weft-perf: rank %d: %s failed: %s: %s\n", self.rank, what,
-               weftGetErrorString(result), weftGetLastError(self.comm));
+  const std::string rank = self.comm != nullptr ? std::to_string(self.rank)
+                           : launcher_rank()    ? launcher_rank()
+                                                : "0";
+  // The last error already starts with the failed function's name.
+  const char* detail = weftGetLastError(self.comm);
+  if (detail[0] != '\0')
+    std::fprintf(stderr, "weft-perf: rank %s: %s (%s)\n", rank.c_str(), detail,
+                 weftGetErrorString(result));
+  else
+    std::fprintf(stderr, "weft-perf: rank %s: %s failed: %s\n", rank.c_str(), what,
+                 weftGetErrorString(result));
   if (self.comm != nullptr) weftCommAbort(self.comm);
   std::exit(kExitWeftError);
 }
@@ -360,7 +379,11 @@ std::vector<RankLine> gather_rank_lines(const Rank& self) {
 
 int run(int argc, char** argv) {
   Options options;
+  const char* rank = launcher_rank();
   if (std::optional<std::string> error = parse_options(argc, argv, &options)) {
+    // Every rank sees the same flags: rank 0 alone reports them and fails, so the
+    // usage comes once and no launcher ends rank 0 before it has printed it.
+    if (rank != nullptr && std::strcmp(rank, "0") != 0) return 0;
     std::fprintf(stderr, "weft-perf: %s\n%s", error->c_str(), kUsage);
     return kExitUsage;
   }
@@ -378,6 +401,11 @@ int run(int argc, char** argv) {
   const std::string forced = forced_algorithm(options);
   if (!forced.empty()) setenv("WEFT_ALGO", forced.c_str(), 1);
 
+  // Without a launcher this process is the only rank, as in nccl-tests.
+  if (rank == nullptr) {
+    setenv("WEFT_RANK", "0", 1);
+    setenv("WEFT_NRANKS", "1", 1);
+  }
   Rank self;
   weftConfig_t config = WEFT_CONFIG_INITIALIZER;
   if (options.timeout_s > 0) config.timeoutMs = options.timeout_s * 1000;

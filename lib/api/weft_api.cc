@@ -168,8 +168,8 @@ Status run_collective(const weft::CollectiveCall& call, weftComm_t comm, weftStr
   return weft::submit_collective(*impl, call, queue);
 }
 
-Status collective(Coll kind, const void* send, void* recv, size_t count, int raw_dtype,
-                  int raw_op, int root, weftComm_t comm, weftStream_t stream) {
+Status collective(Coll kind, const void* send, void* recv, size_t count, int raw_dtype, int raw_op,
+                  int root, weftComm_t comm, weftStream_t stream) {
   WEFT_RETURN_IF_ERROR(check_dtype(raw_dtype));
   WEFT_RETURN_IF_ERROR(check_op(raw_op));
   auto dtype = static_cast<weftDataType_t>(raw_dtype);
@@ -243,6 +243,8 @@ weftResult_t weftCommInitFromEnv(weftComm_t* comm, weftConfig_t* config) {
       weft::RootAddress listen = launch.root;
       WEFT_RETURN_IF_ERROR(weft::listen_address_for(launch.root.address, &listen.address));
       WEFT_RETURN_IF_ERROR(weft::start_root(&listen, comm_config.timeout_ms));
+      // Port 0 (one rank, no address given): the listener chose one.
+      launch.root.address.set_port(listen.address.port());
     }
     std::unique_ptr<weft::Communicator> impl;
     WEFT_RETURN_IF_ERROR(
@@ -355,13 +357,15 @@ weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* async_error) {
 
 weftResult_t weftSend(const void* sendbuff, size_t count, weftDataType_t datatype, int peer,
                       weftComm_t comm, weftStream_t stream) {
-  return report_call(p2p(const_cast<void*>(sendbuff), count, raw_value(&datatype), peer, comm, stream, true),
-                     __func__);
+  return report_call(
+      p2p(const_cast<void*>(sendbuff), count, raw_value(&datatype), peer, comm, stream, true),
+      __func__);
 }
 
 weftResult_t weftRecv(void* recvbuff, size_t count, weftDataType_t datatype, int peer,
                       weftComm_t comm, weftStream_t stream) {
-  return report_call(p2p(recvbuff, count, raw_value(&datatype), peer, comm, stream, false), __func__);
+  return report_call(p2p(recvbuff, count, raw_value(&datatype), peer, comm, stream, false),
+                     __func__);
 }
 
 weftResult_t weftGroupStart(void) {
@@ -386,53 +390,53 @@ weftResult_t weftBarrier(weftComm_t comm, weftStream_t stream) {
 weftResult_t weftAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
                            weftStream_t stream) {
-  return report_call(
-      collective(Coll::AllReduce, sendbuff, recvbuff, count, raw_value(&datatype), raw_value(&op), 0, comm, stream),
-      __func__);
+  return report_call(collective(Coll::AllReduce, sendbuff, recvbuff, count, raw_value(&datatype),
+                                raw_value(&op), 0, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                weftDataType_t datatype, weftRedOp_t op, weftComm_t comm,
                                weftStream_t stream) {
-  return report_call(
-      collective(Coll::ReduceScatter, sendbuff, recvbuff, recvcount, raw_value(&datatype), raw_value(&op), 0, comm, stream),
-      __func__);
+  return report_call(collective(Coll::ReduceScatter, sendbuff, recvbuff, recvcount,
+                                raw_value(&datatype), raw_value(&op), 0, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
-  return report_call(collective(Coll::AllGather, sendbuff, recvbuff, sendcount, raw_value(&datatype), weftSum,
-                                0, comm, stream),
+  return report_call(collective(Coll::AllGather, sendbuff, recvbuff, sendcount,
+                                raw_value(&datatype), weftSum, 0, comm, stream),
                      __func__);
 }
 
 weftResult_t weftBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            weftDataType_t datatype, int root, weftComm_t comm,
                            weftStream_t stream) {
-  return report_call(
-      collective(Coll::Broadcast, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, root, comm, stream),
-      __func__);
+  return report_call(collective(Coll::Broadcast, sendbuff, recvbuff, count, raw_value(&datatype),
+                                weftSum, root, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftBcast(void* buff, size_t count, weftDataType_t datatype, int root, weftComm_t comm,
                        weftStream_t stream) {
-  return report_call(
-      collective(Coll::Broadcast, buff, buff, count, raw_value(&datatype), weftSum, root, comm, stream),
-      __func__);
+  return report_call(collective(Coll::Broadcast, buff, buff, count, raw_value(&datatype), weftSum,
+                                root, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftReduce(const void* sendbuff, void* recvbuff, size_t count, weftDataType_t datatype,
                         weftRedOp_t op, int root, weftComm_t comm, weftStream_t stream) {
-  return report_call(
-      collective(Coll::Reduce, sendbuff, recvbuff, count, raw_value(&datatype), raw_value(&op), root, comm, stream),
-      __func__);
+  return report_call(collective(Coll::Reduce, sendbuff, recvbuff, count, raw_value(&datatype),
+                                raw_value(&op), root, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                           weftDataType_t datatype, weftComm_t comm, weftStream_t stream) {
-  return report_call(
-      collective(Coll::AllToAll, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, 0, comm, stream),
-      __func__);
+  return report_call(collective(Coll::AllToAll, sendbuff, recvbuff, count, raw_value(&datatype),
+                                weftSum, 0, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
@@ -456,16 +460,16 @@ weftResult_t weftAllToAllv(const void* sendbuff, const size_t sendcounts[], cons
 
 weftResult_t weftGather(const void* sendbuff, void* recvbuff, size_t count, weftDataType_t datatype,
                         int root, weftComm_t comm, weftStream_t stream) {
-  return report_call(
-      collective(Coll::Gather, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, root, comm, stream),
-      __func__);
+  return report_call(collective(Coll::Gather, sendbuff, recvbuff, count, raw_value(&datatype),
+                                weftSum, root, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftScatter(const void* sendbuff, void* recvbuff, size_t count,
                          weftDataType_t datatype, int root, weftComm_t comm, weftStream_t stream) {
-  return report_call(
-      collective(Coll::Scatter, sendbuff, recvbuff, count, raw_value(&datatype), weftSum, root, comm, stream),
-      __func__);
+  return report_call(collective(Coll::Scatter, sendbuff, recvbuff, count, raw_value(&datatype),
+                                weftSum, root, comm, stream),
+                     __func__);
 }
 
 weftResult_t weftStreamCreate(weftStream_t* stream) {

@@ -142,9 +142,12 @@ void Root::run() {
   while (true) {
     if (running_ && (connections_.empty() || (host_exiting_ && only_local_ranks_left()))) break;
     if (!running_ && Clock::now() >= join_deadline_) {
-      std::string message = "bootstrap root: only " + std::to_string(joined_) + " of " +
-                            std::to_string(nranks_) + " ranks joined within " +
-                            std::to_string(timeout_ms_) + " ms";
+      // The rank count is learnt from the first rank that joins.
+      std::string message = "bootstrap root: " +
+                            (nranks_ < 0 ? std::string("no rank")
+                                         : "only " + std::to_string(joined_) + " of " +
+                                               std::to_string(nranks_) + " ranks") +
+                            " joined within " + std::to_string(timeout_ms_) + " ms";
       WEFT_LOG(WARN, BOOTSTRAP, "%s", message.c_str());
       WireWriter writer;
       writer.put_string(message);

@@ -154,8 +154,8 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
       tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_));
   comm->p2p_send_sequence_.assign(nranks, 0);
   comm->p2p_recv_sequence_.assign(nranks, 0);
-  WEFT_LOG(INFO, INIT, "communicator %s: rank %d of %d ready (timeout %lld ms)",
-           comm->config_.name.c_str(), rank, nranks,
+  WEFT_LOG(INFO, INIT, "communicator%s%s: rank %d of %d ready (timeout %lld ms)",
+           comm->config_.name.empty() ? "" : " ", comm->config_.name.c_str(), rank, nranks,
            static_cast<long long>(comm->config_.timeout_ms));
   {
     std::lock_guard<std::mutex> lock(live_mutex);

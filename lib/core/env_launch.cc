@@ -84,10 +84,17 @@ Status read_launch_env(LaunchInfo* out) {
                  "launch with mpirun or srun");
 
   std::string root_text;
+  const char* root_source = "WEFT_ROOT";
   if (std::optional<std::string> root = env_string("WEFT_ROOT")) {
     root_text = *root;
   } else if (env_string("MASTER_ADDR") && env_string("MASTER_PORT")) {
     root_text = *env_string("MASTER_ADDR") + ":" + *env_string("MASTER_PORT");
+    root_source = "MASTER_ADDR:MASTER_PORT";
+  } else if (out->nranks == 1) {
+    // One rank agrees with nobody: its own listener on loopback picks the port.
+    WEFT_RETURN_IF_ERROR(parse_socket_address("127.0.0.1:1", &out->root.address));
+    out->root.address.set_port(0);
+    root_text = "127.0.0.1 (one rank)";
   } else if (!job_id().empty() &&
              env_string("OMPI_COMM_WORLD_LOCAL_SIZE") == env_string("OMPI_COMM_WORLD_SIZE")) {
     // Single-node mpirun with nothing set: a port derived from the job id.
@@ -97,7 +104,12 @@ Status read_launch_env(LaunchInfo* out) {
                  "no rendezvous address: set WEFT_ROOT=host:port (reachable from every rank, "
                  "rank 0 listens there) or MASTER_ADDR and MASTER_PORT");
   }
-  WEFT_RETURN_IF_ERROR(parse_socket_address(root_text, &out->root.address));
+  if (out->root.address.length == 0) {
+    Status parsed = parse_socket_address(root_text, &out->root.address);
+    if (!parsed.ok())
+      return Status(parsed.code(),
+                    std::string(root_source) + "=" + root_text + ": " + parsed.message());
+  }
 
   if (std::optional<std::string> secret = env_string("WEFT_SECRET")) {
     WEFT_RETURN_IF_ERROR(parse_secret(*secret, &out->root.secret));

@@ -175,14 +175,25 @@ std::string JobRunner::describe_waits() const {
   for (size_t j = 0; j < jobs_.size(); ++j)
     if (jobs_[j].direct != nullptr && states_[j].completed != states_[j].total)
       what = jobs_[j].comm->direct()->describe(states_[j].direct);
+  // Each distinct wait once, with how many transfers it stands for.
+  std::vector<std::pair<std::string, int>> waits;
   for (const InFlight& entry : in_flight_) {
+    std::string wait = std::string(entry.op.is_send ? "send to" : "receive from") + " rank " +
+                       std::to_string(entry.op.peer);
+    auto same = std::find_if(waits.begin(), waits.end(),
+                             [&wait](const auto& known) { return known.first == wait; });
+    if (same != waits.end())
+      ++same->second;
+    else
+      waits.emplace_back(std::move(wait), 1);
+  }
+  for (const auto& [wait, count] : waits) {
     if (what.size() > 200) {
       what += ", ...";
       break;
     }
-    what += (what.empty() ? "" : ", ") +
-            std::string(entry.op.is_send ? "send to" : "receive from") + " rank " +
-            std::to_string(entry.op.peer);
+    what += (what.empty() ? "" : ", ") + wait;
+    if (count > 1) what += " (" + std::to_string(count) + " transfers)";
   }
   return what.empty() ? "local work" : what;
 }

@@ -43,8 +43,8 @@ Status comm_topology(std::vector<topo::RankPlace> places, CommTopology* out) {
   for (int rank = 0; rank < n; ++rank) out->layout.node_of[rank] = view.node_of(rank);
   out->layout.ring = topo::ring_order(view);
   out->places = std::move(places);
-  WEFT_LOG(INFO, INIT, "%d ranks on %d nodes (%s)", n, view.nnodes(),
-           found ? "WEFT_TOPO_FILE" : "reported by the ranks");
+  WEFT_LOG(INFO, INIT, "%d rank%s on %d node%s (%s)", n, n == 1 ? "" : "s", view.nnodes(),
+           view.nnodes() == 1 ? "" : "s", found ? "WEFT_TOPO_FILE" : "reported by the ranks");
   return Status::Ok();
 }
 

@@ -1,6 +1,9 @@
 // Whole weft-perf runs under weftrun: the table's sizes, bandwidth arithmetic, checker
 // verdicts (including a deliberately corrupted run) and the JSON form.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,21 +30,19 @@ struct Outcome {
   std::string out;
 };
 
-// Runs `weftrun -n nranks weft-perf args...` with stdout captured (stderr passes through,
-// to explain failures). WEFT_ROOT/WEFT_SECRET from the test's environment are dropped so
-// weftrun picks fresh ones; weftrun's own timeout guards against a hang.
-Outcome run_perf(int nranks, const std::vector<std::string>& args,
-                 const std::map<std::string, std::string>& env = {}, bool with_stderr = false) {
-  std::vector<std::string> argv_text = {
-      WEFTRUN_PATH, "-n", std::to_string(nranks), "--timeout", "60", "--no-prefix", WEFT_PERF_PATH};
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
+// Runs argv_text with stdout captured (stderr passes through, to explain failures, unless
+// with_stderr). The launch variables of the test's environment are dropped so that only
+// `env` and weftrun set them.
+Outcome run_program(std::vector<std::string> argv_text,
+                    const std::map<std::string, std::string>& env, bool with_stderr) {
   std::vector<std::string> env_text;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
-    if (entry.starts_with("WEFT_ROOT=") || entry.starts_with("WEFT_SECRET=") ||
-        entry.starts_with("WEFT_PERF_CORRUPT="))
-      continue;
-    env_text.push_back(entry);
+    bool launch = false;
+    for (const char* prefix : {"WEFT_ROOT=", "WEFT_SECRET=", "WEFT_PERF_CORRUPT=", "WEFT_RANK=",
+                               "WEFT_NRANKS=", "OMPI_", "PMIX_", "SLURM_", "MASTER_"})
+      launch = launch || entry.starts_with(prefix);
+    if (!launch) env_text.push_back(entry);
   }
   for (const auto& [name, value] : env) env_text.push_back(name + "=" + value);
   auto pointers = [](std::vector<std::string>& texts) {
@@ -62,11 +63,11 @@ Outcome run_perf(int nranks, const std::vector<std::string>& args,
   posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
   pid_t pid;
   Outcome outcome;
-  const int spawned = posix_spawn(&pid, WEFTRUN_PATH, &actions, nullptr, argv.data(), envp.data());
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   close(pipe_fds[1]);
   if (spawned != 0) {
-    ADD_FAILURE() << "cannot start " << WEFTRUN_PATH << ": " << std::strerror(spawned);
+    ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(spawned);
     close(pipe_fds[0]);
     return outcome;
   }
@@ -78,6 +79,15 @@ Outcome run_perf(int nranks, const std::vector<std::string>& args,
   waitpid(pid, &status, 0);
   outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return outcome;
+}
+
+// Runs `weftrun -n nranks weft-perf args...`; weftrun's own timeout guards against a hang.
+Outcome run_perf(int nranks, const std::vector<std::string>& args,
+                 const std::map<std::string, std::string>& env = {}, bool with_stderr = false) {
+  std::vector<std::string> argv_text = {
+      WEFTRUN_PATH, "-n", std::to_string(nranks), "--timeout", "60", "--no-prefix", WEFT_PERF_PATH};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  return run_program(argv_text, env, with_stderr);
 }
 
 std::vector<std::string> lines_of(const std::string& text) {
@@ -334,6 +344,56 @@ TEST(WeftPerfRun, UnknownCollectiveIsAUsageError) {
   Outcome o = run_perf(1, {"nosuchcollective"});
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_EQ(o.out, "");
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// Every rank sees the bad flag; the error and the usage come once (from rank 0).
+TEST(WeftPerfRun, BadFlagPrintsTheUsageOnce) {
+  Outcome o = run_perf(3, {"allreduce", "--bogus"}, {}, true);
+  EXPECT_EQ(o.exit_code, 2) << o.out;
+  EXPECT_EQ(count_of(o.out, "unknown flag --bogus"), 1u) << o.out;
+  EXPECT_EQ(count_of(o.out, "usage: weft-perf"), 1u) << o.out;
+}
+
+// Without a launcher (or with a one-rank one and no rendezvous address), weft-perf runs
+// as a single rank.
+TEST(WeftPerfRun, AloneItRunsOneRank) {
+  const std::vector<std::string> args = {WEFT_PERF_PATH, "allreduce", "-b", "8",
+                                         "-e",           "64",        "-f", "8"};
+  for (const std::map<std::string, std::string>& env :
+       {std::map<std::string, std::string>{},
+        std::map<std::string, std::string>{{"WEFT_RANK", "0"}, {"WEFT_NRANKS", "1"}}}) {
+    Outcome o = run_program(args, env, true);
+    ASSERT_EQ(o.exit_code, 0) << o.out;
+    EXPECT_NE(o.out.find("nRanks 1 "), std::string::npos) << o.out;
+    EXPECT_EQ(table_rows(o.out).size(), 2u) << o.out;
+  }
+}
+
+// A rank that cannot join says which rank it is, and names the failed call once.
+TEST(WeftPerfRun, InitFailureNamesItsRank) {
+  // A port nobody listens on: bound, then released.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  close(fd);
+  const std::string root = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  Outcome o = run_program(
+      {WEFT_PERF_PATH, "allreduce", "-b", "8", "-e", "8"},
+      {{"WEFT_RANK", "1"}, {"WEFT_NRANKS", "2"}, {"WEFT_ROOT", root}, {"WEFT_TIMEOUT_MS", "300"}},
+      true);
+  EXPECT_EQ(o.exit_code, 3) << o.out;
+  EXPECT_NE(o.out.find("weft-perf: rank 1: weftCommInitFromEnv: "), std::string::npos) << o.out;
+  EXPECT_EQ(count_of(o.out, "weftCommInitFromEnv"), 1u) << o.out;
 }
 
 }  // namespace
