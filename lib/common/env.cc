@@ -2,6 +2,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -136,6 +137,10 @@ int choice_index(const EnvVar& var, std::string_view item) {
   }
 }
 
+int choice_count(const EnvVar& var) {
+  return 1 + static_cast<int>(std::count(var.choices, var.choices + strlen(var.choices), '|'));
+}
+
 std::string choice_text(const EnvVar& var) {
   std::string text(var.choices);
   for (char& c : text)
@@ -166,7 +171,9 @@ std::optional<uint64_t> parse_env_value(const EnvVar& var, std::string_view text
     case EnvKind::kBytes:
       if (text != "inf" && parse_bytes(text, &value) && value >= var.min && value <= var.max)
         return value;
-      *expected = "a byte count " + range_text(var) + " (K, M, G suffixes allowed)";
+      *expected = std::string("a byte count") +
+                  (var.min == 0 && var.max == UINT64_MAX ? "" : " " + range_text(var)) +
+                  " (K, M, G suffixes allowed)";
       return std::nullopt;
     case EnvKind::kBool:
       for (std::string_view no : {"0", "no", "off", "false"})
@@ -185,16 +192,18 @@ std::optional<uint64_t> parse_env_value(const EnvVar& var, std::string_view text
       const bool exclude = !text.empty() && text.front() == '^';
       if (exclude) text.remove_prefix(1);
       bool any = false;
+      const uint64_t all = (uint64_t{1} << choice_count(var)) - 1;
       while (!text.empty()) {
         size_t comma = text.find(',');
         std::string_view item = text.substr(0, comma);
         int index = choice_index(var, item);
         if (!item.empty() && index < 0) break;
-        if (index >= 0) value |= uint64_t{1} << index;
+        // A choice named ALL stands for every choice.
+        if (index >= 0) value |= equal_nocase(item, "ALL") ? all : uint64_t{1} << index;
         any = any || index >= 0;
         text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
       }
-      if (any && text.empty()) return exclude ? ~value : value;
+      if (any && text.empty()) return exclude ? all & ~value : value;
       *expected = "a comma-separated list of " + choice_text(var) + ", ^ first to exclude";
       return std::nullopt;
     }
@@ -208,18 +217,19 @@ std::string env_warning(const EnvVar& var, std::string_view text, const std::str
          std::string(used);
 }
 
+bool first_report(const char* name, std::string_view text) {
+  static std::mutex mutex;
+  static std::set<std::string> reported;
+  std::lock_guard<std::mutex> lock(mutex);
+  return reported.insert(std::string(name) + "=" + std::string(text)).second;
+}
+
 namespace {
 
-// A bad value warns once per process, however often it is read.
 void warn_once(const EnvVar& var, const std::string& text, const std::string& expected,
                std::string_view used) {
-  static std::mutex mutex;
-  static std::set<std::string> warned;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!warned.insert(std::string(var.name) + "=" + text).second) return;
-  }
-  WEFT_LOG(WARN, ENV, "%s", env_warning(var, text, expected, used).c_str());
+  if (first_report(var.name, text))
+    WEFT_LOG(WARN, ENV, "%s", env_warning(var, text, expected, used).c_str());
 }
 
 std::optional<uint64_t> checked_value(const EnvVar& var, const char* used_instead) {

@@ -49,6 +49,10 @@ std::optional<uint64_t> parse_env_value(const EnvVar& var, std::string_view text
 std::string env_warning(const EnvVar& var, std::string_view text, const std::string& expected,
                         std::string_view used);
 
+// True the first time a bad `text` of `name` is reported in this process: each
+// bad value warns once, however often it is read.
+bool first_report(const char* name, std::string_view text);
+
 // The parsed value of a variable with a default: unset gives the default; a bad
 // value gives the default and one WARN (once per process for each bad value).
 uint64_t env_value(const char* name);

@@ -51,17 +51,16 @@ uint64_t log_env_value(const char* name) {
   if (!text) return *fallback;
   std::optional<uint64_t> value = parse_env_value(var, *text, &expected);
   if (value) return *value;
-  pending_warnings().push_back(env_warning(var, *text, expected, var.default_value));
+  if (first_report(name, *text))
+    pending_warnings().push_back(env_warning(var, *text, expected, var.default_value));
   return *fallback;
 }
 
 LogConfig read_log_config() {
-  const uint64_t subsys = log_env_value("WEFT_DEBUG_SUBSYS");
-  // Choice i of WEFT_DEBUG_SUBSYS is bit i of the mask, except ALL (the last).
-  constexpr uint64_t kAllChoice = uint64_t{1} << 8;
+  // Choice i of WEFT_DEBUG_SUBSYS is bit i of the mask; the ninth, ALL, is all of them.
   static_assert(kLogENV == 1u << 7);
-  return {static_cast<int>(log_env_value("WEFT_DEBUG")),
-          (subsys & kAllChoice) != 0 ? kLogALL : static_cast<uint32_t>(subsys & (kAllChoice - 1))};
+  const auto subsys = static_cast<uint32_t>(log_env_value("WEFT_DEBUG_SUBSYS") & 0xff);
+  return {static_cast<int>(log_env_value("WEFT_DEBUG")), subsys == 0xff ? kLogALL : subsys};
 }
 
 std::string log_file_path(const char* pattern) {

@@ -95,7 +95,7 @@ Status read_launch_env(LaunchInfo* out) {
     WEFT_RETURN_IF_ERROR(parse_socket_address("127.0.0.1:1", &out->root.address));
     out->root.address.set_port(0);
     root_text = "127.0.0.1 (one rank)";
-  } else if (!job_id().empty() &&
+  } else if (!job_id().empty() && env_string("OMPI_COMM_WORLD_LOCAL_SIZE") &&
              env_string("OMPI_COMM_WORLD_LOCAL_SIZE") == env_string("OMPI_COMM_WORLD_SIZE")) {
     // Single-node mpirun with nothing set: a port derived from the job id.
     root_text = "127.0.0.1:" + std::to_string(20000 + fnv1a(job_id()) % 40000);

@@ -134,7 +134,9 @@ Status choose_interface_address(SocketAddress* out, std::string* ifname) {
   if (chosen == nullptr) chosen = spec ? nullptr : loopback;
   if (chosen == nullptr) {
     freeifaddrs(list);
-    return Error(weftSystemError, "no network interface matches WEFT_SOCKET_IFNAME=%s",
+    // With WEFT_SOCKET_IFNAME set, the user named what does not exist.
+    return Error(spec ? weftInvalidArgument : weftSystemError,
+                 "no network interface matches WEFT_SOCKET_IFNAME=%s",
                  spec ? spec->c_str() : "(unset)");
   }
   size_t length =

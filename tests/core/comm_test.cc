@@ -119,6 +119,33 @@ TEST(InitFromEnv, SlurmVariables) {
       options);
 }
 
+// A single-node Open MPI job needs no address: the ranks meet on loopback at a port
+// derived from the job id. The same under Slurm, which may span nodes, is an error.
+TEST(InitFromEnv, SingleNodeOpenMpiNeedsNoRoot) {
+  const std::string job = "weft-test-" + std::to_string(getpid());
+  RunOptions options;
+  options.make_unique_id = false;
+  options.env = {{"OMPI_MCA_ess_base_jobid", job.c_str()}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+  run_ranks(
+      2,
+      [](const RankContext& context) {
+        init_from_env_and_check(context, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+      },
+      options);
+}
+
+TEST(InitFromEnv, SlurmWithoutRootIsAClearError) {
+  setenv("SLURM_JOB_ID", "77", 1);
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "2", 1);
+  weftComm_t comm = nullptr;
+  EXPECT_EQ(weftCommInitFromEnv(&comm, nullptr), weftInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_NE(std::string(weftGetLastError(nullptr)).find("WEFT_ROOT"), std::string::npos)
+      << weftGetLastError(nullptr);
+  for (const char* name : {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS"}) unsetenv(name);
+}
+
 TEST(InitFromEnv, MissingRankIsAClearError) {
   unsetenv("WEFT_RANK");
   weftComm_t comm = reinterpret_cast<weftComm_t>(0x1);
