@@ -120,13 +120,17 @@ WEFT_API const char* weftGetErrorString(weftResult_t result);
 WEFT_API const char* weftGetLastError(weftComm_t comm);
 
 /* Bootstrap. The caller of weftGetUniqueId hosts the rendezvous point: keep
- * the process alive until every rank has initialised. */
+ * the process alive until every rank has initialised. fork: the rendezvous
+ * stays with the parent. A child forked after weftGetUniqueId may use the id
+ * (e.g. to join as another rank) and exits normally; it must not use
+ * communicators created before the fork (their connections are the parent's). */
 WEFT_API weftResult_t weftGetUniqueId(weftUniqueId* uniqueId);
 WEFT_API weftResult_t weftCommInitRank(weftComm_t* comm, int nranks, weftUniqueId commId, int rank);
 WEFT_API weftResult_t weftCommInitRankConfig(weftComm_t* comm, int nranks, weftUniqueId commId,
                                              int rank, weftConfig_t* config);
 /* Rank, size and rendezvous from WEFT_RANK/WEFT_NRANKS/WEFT_ROOT, or from the
- * Open MPI (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID/SLURM_NTASKS) variables. */
+ * Open MPI (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID/SLURM_NTASKS) variables.
+ * One rank needs no WEFT_ROOT. */
 WEFT_API weftResult_t weftCommInitFromEnv(weftComm_t* comm, weftConfig_t* config);
 /* Collective over comm: ranks passing the same color form a new communicator,
  * ordered by key then by rank in comm. color WEFT_SPLIT_NOCOLOR gives NULL. */
@@ -136,6 +140,9 @@ WEFT_API weftResult_t weftCommCount(const weftComm_t comm, int* count);
 WEFT_API weftResult_t weftCommUserRank(const weftComm_t comm, int* rank);
 /* Completes outstanding work and tells the peers this rank leaves on purpose. */
 WEFT_API weftResult_t weftCommFinalize(weftComm_t comm);
+/* Inside a group that holds operations of comm: weftInvalidUsage, and comm
+ * stays usable (end the group first). Ending a thread or the process with a
+ * group open drops its operations, with a warning. */
 WEFT_API weftResult_t weftCommDestroy(weftComm_t comm);
 /* Abandons outstanding work and frees the communicator; always returns. */
 WEFT_API weftResult_t weftCommAbort(weftComm_t comm);

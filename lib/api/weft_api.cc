@@ -323,6 +323,11 @@ weftResult_t weftCommDestroy(weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    if (size_t queued = weft::group_ops_of(impl))
+      return Error(weftInvalidUsage,
+                   "the open group holds %zu operation(s) of this communicator: call "
+                   "weftGroupEnd first (the communicator is not destroyed)",
+                   queued);
     // Queued stream work on this communicator finishes (or fails) first.
     weft::StreamEngine::instance().wait_for_comm(impl);
     Status finalized = impl->finalize();
@@ -336,6 +341,11 @@ weftResult_t weftCommAbort(weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    // The open group's operations of this communicator cannot run any more:
+    // the group fails at its end instead of using a communicator that is gone.
+    if (weft::group_ops_of(impl) > 0)
+      weft::group_record_error(Error(weftInvalidUsage, "weftCommAbort aborted a communicator "
+                                                       "with operations in the group"));
     impl->abort();  // queued stream work fails promptly
     weft::StreamEngine::instance().wait_for_comm(impl);
     weft::retire_comm(comm);

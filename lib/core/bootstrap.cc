@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -86,6 +87,14 @@ class Root {
     wake();
   }
   int64_t timeout_ms() const { return timeout_ms_; }
+  // In a child after fork, where the thread serving this root did not follow:
+  // the child's copies of its sockets are closed (the parent's stay open).
+  void close_in_child() {
+    listener_.reset();
+    wake_read_.reset();
+    wake_write_.reset();
+    for (Connection& connection : connections_) connection.fd.reset();
+  }
 
  private:
   struct Connection {
@@ -355,11 +364,17 @@ void Root::drop(ConnectionIt it, const char* why) {
 }
 
 // Roots outlive the communicators of their process; they are waited for at exit.
+// A child forked while roots run owns none of them: their threads stayed in the
+// parent, so the child neither serves nor waits for (nor joins) them.
 class RootRegistry {
  public:
   static RootRegistry& instance() {
     static RootRegistry registry;
     return registry;
+  }
+  RootRegistry() {
+    pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
+                   [] { instance().forget_in_child(); });
   }
   void add(std::unique_ptr<Root> root) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -392,6 +407,14 @@ class RootRegistry {
     std::thread thread;
     std::future<void> done;
   };
+  void forget_in_child() {
+    for (Entry& entry : entries_) entry.root->close_in_child();
+    // Without their threads the entries can be neither joined nor destroyed:
+    // they are kept, unused, until the child ends.
+    if (orphans_ == nullptr) orphans_ = new std::list<Entry>();
+    orphans_->splice(orphans_->end(), entries_);
+    mutex_.unlock();
+  }
   void reap_locked() {
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (it->root->finished()) {
@@ -404,6 +427,7 @@ class RootRegistry {
   }
   std::mutex mutex_;
   std::list<Entry> entries_;
+  std::list<Entry>* orphans_ = nullptr;  // a forked child's inherited entries, never freed
 };
 
 }  // namespace

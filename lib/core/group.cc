@@ -1,5 +1,9 @@
 #include "core/group.h"
 
+#include <algorithm>
+
+#include "common/log.h"
+
 namespace weft {
 
 namespace {
@@ -12,6 +16,14 @@ struct GroupState {
   JobBatch single;  // the operation of a call outside any group, reused
   Stream* single_stream = nullptr;
   Status first_error;
+  // A thread (or the process) ending inside a group drops what the group holds.
+  ~GroupState() {
+    if (depth > 0)
+      WEFT_LOG(WARN, INIT,
+               "a thread ended inside weftGroupStart (depth %d) without weftGroupEnd: its %zu "
+               "queued operation(s) never ran",
+               depth, group.jobs.size());
+  }
 };
 thread_local GroupState t_group;
 
@@ -70,6 +82,13 @@ bool in_group() {
 void group_record_error(const Status& status) {
   GroupState& g = group_state();
   if (g.depth > 0 && g.first_error.ok()) g.first_error = status;
+}
+
+size_t group_ops_of(const Communicator* comm) {
+  const GroupState& g = group_state();
+  if (g.depth == 0) return 0;
+  return static_cast<size_t>(std::count_if(g.group.jobs.begin(), g.group.jobs.end(),
+                                           [comm](const Job& job) { return job.comm == comm; }));
 }
 
 Status group_end() {

@@ -15,6 +15,8 @@ Status group_end();
 bool in_group();
 // Records an error raised inside a group; group_end reports it.
 void group_record_error(const Status& status);
+// Operations of `comm` queued in this thread's open group (0 outside a group).
+size_t group_ops_of(const Communicator* comm);
 
 // The batch the next operation joins: the open group's (every operation of a
 // group must use the same stream), or a fresh one for this call alone.

@@ -90,14 +90,19 @@ TEST(Failure, StalledPeerIsATimeout) {
       EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
       return;
     }
-    int value = 0;
+    // Three receives from the silent rank: the timeout names that wait once, with its count.
+    int values[3] = {0, 0, 0};
     auto start = Clock::now();
-    EXPECT_EQ(weftRecv(&value, 1, weftInt32, 1, comm, nullptr), weftTimeout);
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    for (int& value : values)
+      EXPECT_EQ(weftRecv(&value, 1, weftInt32, 1, comm, nullptr), weftSuccess);
+    EXPECT_EQ(weftGroupEnd(), weftTimeout);
     double waited = seconds_since(start);
     EXPECT_GE(waited, kTimeoutMs / 1000.0 * 0.9);
     EXPECT_LT(waited, kTimeoutMs / 1000.0 + 5.0);
-    EXPECT_NE(std::string(weftGetLastError(comm)).find("receive from rank 1"), std::string::npos)
-        << weftGetLastError(comm);
+    const std::string error = weftGetLastError(comm);
+    EXPECT_NE(error.find("receive from rank 1 (3 transfers)"), std::string::npos) << error;
+    EXPECT_EQ(error.find("receive from rank 1, receive from rank 1"), std::string::npos) << error;
     EXPECT_EQ(write(release[1], "x", 1), 1);
     EXPECT_EQ(weftCommAbort(comm), weftSuccess);
   });
@@ -136,6 +141,22 @@ TEST(Failure, InitWithMissingRanksTimesOut) {
     EXPECT_EQ(comm, nullptr);
     EXPECT_LT(seconds_since(start), 8.0);
   });
+}
+
+// A root that times out before any rank joined says so, not "0 of -1 ranks".
+TEST(Failure, RootTimeoutBeforeAnyJoinSaysSo) {
+  setenv("WEFT_TIMEOUT_MS", "1", 1);
+  weftUniqueId id;
+  ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+  unsetenv("WEFT_TIMEOUT_MS");
+  ::testing::internal::CaptureStderr();
+  weftComm_t comm = nullptr;
+  weftConfig_t config = WEFT_CONFIG_INITIALIZER;
+  config.timeoutMs = 500;
+  EXPECT_NE(weftCommInitRankConfig(&comm, 2, id, 0, &config), weftSuccess);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("bootstrap root: no rank joined within 1 ms"), std::string::npos) << err;
+  EXPECT_EQ(err.find("of -1 ranks"), std::string::npos) << err;
 }
 
 }  // namespace
