@@ -344,8 +344,9 @@ weftResult_t weftCommAbort(weftComm_t comm) {
     // The open group's operations of this communicator cannot run any more:
     // the group fails at its end instead of using a communicator that is gone.
     if (weft::group_ops_of(impl) > 0)
-      weft::group_record_error(Error(weftInvalidUsage, "weftCommAbort aborted a communicator "
-                                                       "with operations in the group"));
+      weft::group_record_error(Error(weftInvalidUsage,
+                                     "weftCommAbort aborted a communicator "
+                                     "with operations in the group"));
     impl->abort();  // queued stream work fails promptly
     weft::StreamEngine::instance().wait_for_comm(impl);
     weft::retire_comm(comm);

@@ -170,17 +170,30 @@ bool every_subsystem() {
 // The logger's own variables: one WARN when it starts, and the default in force.
 TEST(EnvConfigDeathTest, LoggerVariablesWarnOnceAndFallBack) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      start_logger_with("WEFT_DEBUG", "LOUD",
-                        "WARN ENV WEFT_DEBUG=LOUD is not one of NONE,WARN,INFO,TRACE; using WARN\n",
-                        level_is_warn),
-      ::testing::ExitedWithCode(0), "");
-  EXPECT_EXIT(start_logger_with("WEFT_DEBUG_SUBSYS", "INIT,BOGUS",
-                                "WARN ENV WEFT_DEBUG_SUBSYS=INIT,BOGUS is not a comma-separated "
-                                "list of INIT,BOOTSTRAP,TRANSPORT,P2P,COLL,ALGO,TUNE,ENV,ALL, ^ "
-                                "first to exclude; using ALL\n",
-                                every_subsystem),
-              ::testing::ExitedWithCode(0), "");
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* warning;
+    bool (*in_force)();
+  };
+  for (const Case& c : {
+           Case{"WEFT_DEBUG", "LOUD",
+                "WARN ENV WEFT_DEBUG=LOUD is not one of NONE,WARN,INFO,TRACE; using WARN\n",
+                level_is_warn},
+           Case{"WEFT_DEBUG_SUBSYS", "INIT,BOGUS",
+                "WARN ENV WEFT_DEBUG_SUBSYS=INIT,BOGUS is not a comma-separated list of "
+                "INIT,BOOTSTRAP,TRANSPORT,P2P,COLL,ALGO,TUNE,ENV,ALL, ^ first to exclude; using "
+                "ALL\n",
+                every_subsystem},
+           Case{"WEFT_DEBUG_FILE", "/nonexistent-weft-dir/log",
+                "WARN ENV WEFT_DEBUG_FILE=/nonexistent-weft-dir/log: cannot open "
+                "/nonexistent-weft-dir/log (No such file or directory); using stderr\n",
+                level_is_warn},
+       }) {
+    EXPECT_EXIT(start_logger_with(c.name, c.value, c.warning, c.in_force),
+                ::testing::ExitedWithCode(0), "")
+        << c.name;
+  }
   // Excluding ENV silences the warning about WEFT_DEBUG itself.
   EXPECT_EXIT(
       {
@@ -188,12 +201,6 @@ TEST(EnvConfigDeathTest, LoggerVariablesWarnOnceAndFallBack) {
         start_logger_with("WEFT_DEBUG", "LOUD", nullptr, level_is_warn);
       },
       ::testing::ExitedWithCode(0), "");
-  EXPECT_EXIT(start_logger_with("WEFT_DEBUG_FILE", "/nonexistent-weft-dir/log",
-                                "WARN ENV WEFT_DEBUG_FILE=/nonexistent-weft-dir/log: cannot open "
-                                "/nonexistent-weft-dir/log (No such file or directory); using "
-                                "stderr\n",
-                                level_is_warn),
-              ::testing::ExitedWithCode(0), "");
 }
 
 // Variables whose bad values cannot be guessed around stop weftCommInitFromEnv with an
