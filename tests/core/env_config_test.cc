@@ -203,6 +203,27 @@ TEST(EnvConfigDeathTest, LoggerVariablesWarnOnceAndFallBack) {
       ::testing::ExitedWithCode(0), "");
 }
 
+// A one-rank communicator from the environment, with WEFT_DEBUG=INFO, in a fresh process.
+[[noreturn]] void init_one_rank_verbosely() {
+  setenv("WEFT_DEBUG", "INFO", 1);
+  setenv("WEFT_RANK", "0", 1);
+  setenv("WEFT_NRANKS", "1", 1);
+  weftComm_t comm = nullptr;
+  const bool ok =
+      weftCommInitFromEnv(&comm, nullptr) == weftSuccess && weftCommDestroy(comm) == weftSuccess;
+  std::exit(ok ? 0 : 1);
+}
+
+// The init log names an unnamed communicator without a stray space, and counts in
+// the singular where there is one.
+TEST(EnvConfigDeathTest, InitLogLinesReadWell) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(init_one_rank_verbosely(), ::testing::ExitedWithCode(0),
+              "INFO INIT communicator: rank 0 of 1 ready");
+  EXPECT_EXIT(init_one_rank_verbosely(), ::testing::ExitedWithCode(0),
+              "INFO INIT 1 rank on 1 node \\(");
+}
+
 // Variables whose bad values cannot be guessed around stop weftCommInitFromEnv with an
 // error naming them (here for a one-rank launch that otherwise works).
 TEST(EnvConfig, UnguessableValuesAreInitErrors) {
