@@ -57,8 +57,10 @@ class WeftBackend : public Backend {
   // Failures abort the communicator, so that the peers fail fast instead of timing out.
   void require(weftResult_t result, const char* what) {
     if (result == weftSuccess) return;
-    const std::string message = std::string(what) + " failed: " + weftGetErrorString(result) +
-                                ": " + weftGetLastError(comm_);
+    // The last error starts with the failed function's name.
+    const std::string detail = weftGetLastError(comm_);
+    const std::string message = (detail.empty() ? std::string(what) + " failed" : detail) + " (" +
+                                weftGetErrorString(result) + ")";
     if (comm_ != nullptr) weftCommAbort(comm_);
     comm_ = nullptr;
     throw std::runtime_error(message);

@@ -380,10 +380,11 @@ std::vector<RankLine> gather_rank_lines(const Rank& self) {
 int run(int argc, char** argv) {
   Options options;
   const char* rank = launcher_rank();
+  // Every rank sees the same flags: rank 0 alone reports bad ones and fails, so the
+  // message comes once and no launcher ends rank 0 before it has printed it.
+  const bool first = rank == nullptr || std::strcmp(rank, "0") == 0;
   if (std::optional<std::string> error = parse_options(argc, argv, &options)) {
-    // Every rank sees the same flags: rank 0 alone reports them and fails, so the
-    // usage comes once and no launcher ends rank 0 before it has printed it.
-    if (rank != nullptr && std::strcmp(rank, "0") != 0) return 0;
+    if (!first) return 0;
     std::fprintf(stderr, "weft-perf: %s\n%s", error->c_str(), kUsage);
     return kExitUsage;
   }
@@ -393,6 +394,7 @@ int run(int argc, char** argv) {
   }
   const Collective* collective = find_collective(options.collective);
   if (collective == nullptr) {
+    if (!first) return 0;
     std::fprintf(stderr, "weft-perf: unknown collective '%s' (available: %s)\n",
                  options.collective.c_str(), collective_names().c_str());
     return kExitUsage;

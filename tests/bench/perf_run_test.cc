@@ -340,16 +340,19 @@ TEST(WeftPerfRun, InapplicableAlgorithmFailsWithTheValidNames) {
   EXPECT_NE(o.out.find("valid: ring"), std::string::npos) << o.out;
 }
 
-TEST(WeftPerfRun, UnknownCollectiveIsAUsageError) {
-  Outcome o = run_perf(1, {"nosuchcollective"});
-  EXPECT_EQ(o.exit_code, 2);
-  EXPECT_EQ(o.out, "");
-}
-
 size_t count_of(const std::string& text, const std::string& part) {
   size_t n = 0;
   for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
   return n;
+}
+
+TEST(WeftPerfRun, UnknownCollectiveIsAUsageError) {
+  Outcome o = run_perf(1, {"nosuchcollective"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.out, "");
+  Outcome all = run_perf(3, {"nosuchcollective"}, {}, true);
+  EXPECT_EQ(all.exit_code, 2);
+  EXPECT_EQ(count_of(all.out, "unknown collective 'nosuchcollective'"), 1u) << all.out;
 }
 
 // Every rank sees the bad flag; the error and the usage come once (from rank 0).
