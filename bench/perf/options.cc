@@ -11,7 +11,8 @@
 namespace weft::perf {
 
 const char* const kUsage =
-    "usage: weft-perf <collective> [flags]     (run under weftrun -n N, mpirun or srun)\n"
+    "usage: weft-perf <collective> [flags]     (under weftrun -n N, mpirun or srun; alone: 1 "
+    "rank)\n"
     "\n"
     "  -b, --minbytes SIZE       smallest size (default 32M; K/M/G suffixes are binary)\n"
     "  -e, --maxbytes SIZE       largest size (default 32M)\n"
