@@ -1,5 +1,7 @@
 #include "core/stream.h"
 
+#include <pthread.h>
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -44,8 +46,26 @@ StreamEngine::~StreamEngine() {
 
 void StreamEngine::ensure_thread() {
   if (thread_.joinable()) return;
+  if (orphans_ == nullptr) {
+    // The thread does not follow a fork: a child starts afresh, with its own
+    // thread should it make streams, and never joins the parent's.
+    orphans_ = new std::vector<std::thread>();
+    pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
+                   [] { instance().forget_in_child(); });
+  }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   thread_ = std::thread([this] { run(); });
+}
+
+void StreamEngine::forget_in_child() {
+  if (thread_.joinable()) {
+    // Neither joinable nor destructible without its thread: kept, unused.
+    orphans_->push_back(std::move(thread_));
+    close(wake_fd_);
+    wake_fd_ = -1;
+  }
+  streams_.clear();  // the parent's
+  mutex_.unlock();
 }
 
 void StreamEngine::wake() {

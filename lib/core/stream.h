@@ -73,6 +73,7 @@ class StreamEngine {
   StreamEngine() = default;
   ~StreamEngine();
   void ensure_thread();
+  void forget_in_child();
   void wake();
   void run();
   // Under mutex_: moves every stream's head along as far as it goes without
@@ -89,6 +90,8 @@ class StreamEngine {
   // instead of wake_fd_: wake() rings it too.
   std::atomic<shm::Doorbell*> sleeping_bell_{nullptr};
   bool stopping_ = false;
+  // Threads of a parent, in a forked child; never freed (their threads are gone).
+  std::vector<std::thread>* orphans_ = nullptr;
 };
 
 }  // namespace weft

@@ -87,12 +87,14 @@ int wait_for(pid_t child) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// A child forked after weftGetUniqueId owns none of the parent's rendezvous: it
-// exits cleanly (no abort joining a thread it does not have), can join the
-// parent's rendezvous as a rank, and the parent's rendezvous keeps working.
+// A child forked after weftGetUniqueId (and weftStreamCreate) owns none of the
+// parent's threads: it exits cleanly (no abort joining a thread it does not have),
+// can join the parent's rendezvous as a rank, and the parent's rendezvous keeps working.
 TEST_F(Lifecycle, ForkAfterGetUniqueId) {
   weftUniqueId id;
   ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+  weftStream_t stream = nullptr;
+  ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
   pid_t idle = fork();
   ASSERT_GE(idle, 0);
   if (idle == 0) std::exit(0);  // runs the static destructors, as a real program does
@@ -111,7 +113,9 @@ TEST_F(Lifecycle, ForkAfterGetUniqueId) {
   weftComm_t comm = nullptr;
   ASSERT_EQ(weftCommInitRank(&comm, 2, id, 0), weftSuccess) << weftGetLastError(nullptr);
   const int value = 42;
-  EXPECT_EQ(weftSend(&value, 1, weftInt32, 1, comm, nullptr), weftSuccess);
+  EXPECT_EQ(weftSend(&value, 1, weftInt32, 1, comm, stream), weftSuccess);
+  EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+  EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
   EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
   EXPECT_EQ(wait_for(peer), 0);
 }
