@@ -106,16 +106,15 @@ const char* subsys_label(uint32_t subsys) {
 }  // namespace
 
 const LogConfig& log_config() {
-  static const LogConfig config = read_log_config();
-  // log_write reads no configuration, so the warnings can go out from here.
-  static const bool flushed = [] {
+  static const LogConfig config = [] {
+    const LogConfig read = read_log_config();
+    // log_write reads no configuration, so the warnings about it can go out now.
     log_sink();
-    if (config.level >= static_cast<int>(LogLevel::WARN) && (config.subsys_mask & kLogENV) != 0)
+    if (read.level >= static_cast<int>(LogLevel::WARN) && (read.subsys_mask & kLogENV) != 0)
       for (const std::string& warning : pending_warnings())
         log_write(LogLevel::WARN, kLogENV, "%s", warning.c_str());
-    return true;
+    return read;
   }();
-  (void)flushed;
   return config;
 }
 
