@@ -122,9 +122,10 @@ WEFT_API const char* weftGetLastError(weftComm_t comm);
 /* Bootstrap. The caller of weftGetUniqueId hosts the rendezvous point: keep
  * the process alive until every rank has initialised. fork: the rendezvous
  * (and the stream thread) stay with the parent. A child forked after
- * weftGetUniqueId may use the id (e.g. to join as another rank) and exits
- * normally; it must not use communicators or streams created before the fork
- * (they are the parent's). */
+ * weftGetUniqueId exits normally and, if the parent had no communicator yet,
+ * may join with the id as another rank; it must not use communicators or
+ * streams created before the fork (they are the parent's, and their transport
+ * does not survive the fork). */
 WEFT_API weftResult_t weftGetUniqueId(weftUniqueId* uniqueId);
 WEFT_API weftResult_t weftCommInitRank(weftComm_t* comm, int nranks, weftUniqueId commId, int rank);
 WEFT_API weftResult_t weftCommInitRankConfig(weftComm_t* comm, int nranks, weftUniqueId commId,
