@@ -29,6 +29,13 @@ Status check_mismatch(const Job& job) {
   job.comm->fail(weftInvalidUsage, why);
   return Status(weftInvalidUsage, why);
 }
+
+// A transfer that failed because a peer called another collective (and left
+// once it found out) reports the mismatch, not the transport's error.
+Status root_cause(const Job& job, const Status& failure) {
+  Status mismatch = check_mismatch(job);
+  return mismatch.ok() ? failure : mismatch;
+}
 }  // namespace
 
 std::byte* JobRunner::grow_buffer(size_t bytes) {
@@ -209,7 +216,7 @@ Status JobRunner::advance(bool* progressed) {
       if (!posted.ok()) {
         jobs_[j].comm->fail(posted.code(), posted.message());
         abandon();
-        return posted;
+        return root_cause(jobs_[j], posted);
       }
     }
     if (!state.ready_compute.empty()) {
@@ -251,7 +258,7 @@ Status JobRunner::advance(bool* progressed) {
     in_flight_.pop_back();
     if (!status.ok()) {
       abandon();
-      return status;
+      return root_cause(jobs_[job], status);
     }
     complete_step(job, step);
     *progressed = true;
