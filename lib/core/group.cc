@@ -38,7 +38,10 @@ GroupState& group_state() {
 void assign_sequences(JobBatch& batch) {
   for (Job& job : batch.jobs) {
     if (job.tag_kind == TagKind::Collective) {
-      job.sequence_base = (job.comm->next_collective_sequence() & 0xFFFF) << 20;
+      job.sequence = job.comm->next_collective_sequence();
+      job.sequence_base = (job.sequence & 0xFFFF) << 20;
+      job.comm->note_launch(job.what);
+      if (job.comm->direct()->shared()) job.comm->direct()->announce(job.sequence, job.shape);
     } else {
       int peer = job.single_step.peer;
       job.sequence_base = job.single_step.kind == algo::StepKind::Send
@@ -52,6 +55,10 @@ void assign_sequences(JobBatch& batch) {
 Status launch(JobBatch& batch, Stream* stream) {
   for (const Job& job : batch.jobs) WEFT_RETURN_IF_ERROR(job.comm->usable());
   assign_sequences(batch);
+  // Pairs with Communicator::peer_left: either it sees these numbers, or this sees its peer.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (const Job& job : batch.jobs)
+    if (job.comm->has_departures()) WEFT_RETURN_IF_ERROR(job.comm->check_departures());
   if (stream != nullptr) {
     StreamEngine::instance().enqueue_jobs(stream, std::move(batch));
     batch.clear();
