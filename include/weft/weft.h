@@ -148,6 +148,13 @@ WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* async
  * runs the model, so ask outside timed loops). */
 WEFT_API weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm,
                                             double* predictedUs);
+/* Weft extension: the cost model's time in microseconds for `collective`
+ * (a WEFT_ALGO name: "allreduce", "allgather", ...) of `bytes` (its count
+ * times the element size) on comm, with the algorithm the tuner would pick;
+ * negative when it cannot be modelled. Launches nothing (the NCCL shim's
+ * ncclGroupSimulateEnd). */
+WEFT_API weftResult_t weftCommPredictTime(weftComm_t comm, const char* collective, size_t bytes,
+                                          double* predictedUs);
 
 /* Point to point. Inside weftGroupStart/End, sends and receives are posted
  * together so that exchange patterns cannot deadlock. */

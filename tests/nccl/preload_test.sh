@@ -1,0 +1,20 @@
+#!/bin/sh
+# A program linked against the real libnccl.so.2, run with ours LD_PRELOADed
+# (how PyTorch must load it): every call binds to Weft. The program checks
+# where ncclAllReduce comes from and its own results; Weft's log (asked for
+# through NCCL_DEBUG, which the shim maps) shows Weft did the work.
+set -u
+weftrun=$1 program=$2 ours=$3 real=$4
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+fail=0
+say() { echo "preload_test: $*"; fail=1; }
+ldd "$program" | grep -q "libnccl.so.2 => $real" || say "$program is not linked against $real"
+LD_PRELOAD=$ours NCCL_SHIM_EXPECT=$ours NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV \
+  NCCL_ALGO=ring "$weftrun" -n 2 --timeout 120 "$program" >"$log" 2>&1 || say "the program failed"
+grep -q "weft INFO INIT" "$log" || say "no Weft INIT log lines"
+grep -q "NCCL_ALGO=ring -> WEFT_ALGO=allreduce:ring" "$log" || say "NCCL_ALGO was not mapped"
+! grep -q "NCCL INFO" "$log" || say "the real NCCL logged: it ran"
+[ "$(grep -c 'nccl abi test passed' "$log")" -eq 2 ] || say "not every rank passed"
+[ $fail -eq 0 ] || { tail -40 "$log"; exit 1; }
+echo "preload_test: both ranks bound to Weft through LD_PRELOAD over $real"
