@@ -26,21 +26,21 @@ int g_rank = 0;
 int g_nranks = 1;
 int g_failures = 0;
 
-#define CHECK(cond, ...)                                                                 \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      fprintf(stderr, "rank %d FAIL %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond);    \
-      fprintf(stderr, __VA_ARGS__);                                                      \
-      fputc('\n', stderr);                                                               \
-      if (++g_failures > 20) exit(1);                                                    \
-    }                                                                                    \
+#define CHECK(cond, ...)                                                              \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      fprintf(stderr, "rank %d FAIL %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                                   \
+      fputc('\n', stderr);                                                            \
+      if (++g_failures > 20) exit(1);                                                 \
+    }                                                                                 \
   } while (0)
 
-#define OK(call)                                                                             \
-  do {                                                                                       \
-    ncclResult_t ok_result = (call);                                                         \
+#define OK(call)                                                                          \
+  do {                                                                                    \
+    ncclResult_t ok_result = (call);                                                      \
     CHECK(ok_result == ncclSuccess, "%s -> %s: %s", #call, ncclGetErrorString(ok_result), \
-          ncclGetLastError(NULL));                                                           \
+          ncclGetLastError(NULL));                                                        \
   } while (0)
 
 // The rendezvous id travels through a file named after weftrun's per-job secret.
@@ -90,43 +90,79 @@ double decode_minifloat(uint32_t bits, int ebits, int mbits) {
 }
 
 constexpr size_t kSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
-const char* const kTypeNames[] = {"int8",    "uint8",   "int32", "uint32", "int64",  "uint64",
-                                  "float16", "float32", "float64", "bfloat16", "fp8e4m3",
-                                  "fp8e5m2"};
+const char* const kTypeNames[] = {"int8",    "uint8",    "int32",   "uint32",
+                                  "int64",   "uint64",   "float16", "float32",
+                                  "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
 
 void put(void* base, size_t i, ncclDataType_t t, double v) {
   char* p = static_cast<char*>(base) + i * kSizes[t];
   switch (t) {
-    case ncclInt8: *reinterpret_cast<int8_t*>(p) = static_cast<int8_t>(v); break;
-    case ncclUint8: *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(v); break;
-    case ncclInt32: *reinterpret_cast<int32_t*>(p) = static_cast<int32_t>(v); break;
-    case ncclUint32: *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
-    case ncclInt64: *reinterpret_cast<int64_t*>(p) = static_cast<int64_t>(v); break;
-    case ncclUint64: *reinterpret_cast<uint64_t*>(p) = static_cast<uint64_t>(v); break;
-    case ncclFloat16: *reinterpret_cast<uint16_t*>(p) = encode_minifloat(v, 5, 10); break;
-    case ncclFloat32: *reinterpret_cast<float*>(p) = static_cast<float>(v); break;
-    case ncclFloat64: *reinterpret_cast<double*>(p) = v; break;
-    case ncclBfloat16: *reinterpret_cast<uint16_t*>(p) = encode_minifloat(v, 8, 7); break;
-    case ncclFloat8e4m3: *reinterpret_cast<uint8_t*>(p) = encode_minifloat(v, 4, 3); break;
-    default: *reinterpret_cast<uint8_t*>(p) = encode_minifloat(v, 5, 2); break;
+    case ncclInt8:
+      *reinterpret_cast<int8_t*>(p) = static_cast<int8_t>(v);
+      break;
+    case ncclUint8:
+      *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(v);
+      break;
+    case ncclInt32:
+      *reinterpret_cast<int32_t*>(p) = static_cast<int32_t>(v);
+      break;
+    case ncclUint32:
+      *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
+      break;
+    case ncclInt64:
+      *reinterpret_cast<int64_t*>(p) = static_cast<int64_t>(v);
+      break;
+    case ncclUint64:
+      *reinterpret_cast<uint64_t*>(p) = static_cast<uint64_t>(v);
+      break;
+    case ncclFloat16:
+      *reinterpret_cast<uint16_t*>(p) = encode_minifloat(v, 5, 10);
+      break;
+    case ncclFloat32:
+      *reinterpret_cast<float*>(p) = static_cast<float>(v);
+      break;
+    case ncclFloat64:
+      *reinterpret_cast<double*>(p) = v;
+      break;
+    case ncclBfloat16:
+      *reinterpret_cast<uint16_t*>(p) = encode_minifloat(v, 8, 7);
+      break;
+    case ncclFloat8e4m3:
+      *reinterpret_cast<uint8_t*>(p) = encode_minifloat(v, 4, 3);
+      break;
+    default:
+      *reinterpret_cast<uint8_t*>(p) = encode_minifloat(v, 5, 2);
+      break;
   }
 }
 
 double get(const void* base, size_t i, ncclDataType_t t) {
   const char* p = static_cast<const char*>(base) + i * kSizes[t];
   switch (t) {
-    case ncclInt8: return *reinterpret_cast<const int8_t*>(p);
-    case ncclUint8: return *reinterpret_cast<const uint8_t*>(p);
-    case ncclInt32: return *reinterpret_cast<const int32_t*>(p);
-    case ncclUint32: return *reinterpret_cast<const uint32_t*>(p);
-    case ncclInt64: return static_cast<double>(*reinterpret_cast<const int64_t*>(p));
-    case ncclUint64: return static_cast<double>(*reinterpret_cast<const uint64_t*>(p));
-    case ncclFloat16: return decode_minifloat(*reinterpret_cast<const uint16_t*>(p), 5, 10);
-    case ncclFloat32: return *reinterpret_cast<const float*>(p);
-    case ncclFloat64: return *reinterpret_cast<const double*>(p);
-    case ncclBfloat16: return decode_minifloat(*reinterpret_cast<const uint16_t*>(p), 8, 7);
-    case ncclFloat8e4m3: return decode_minifloat(*reinterpret_cast<const uint8_t*>(p), 4, 3);
-    default: return decode_minifloat(*reinterpret_cast<const uint8_t*>(p), 5, 2);
+    case ncclInt8:
+      return *reinterpret_cast<const int8_t*>(p);
+    case ncclUint8:
+      return *reinterpret_cast<const uint8_t*>(p);
+    case ncclInt32:
+      return *reinterpret_cast<const int32_t*>(p);
+    case ncclUint32:
+      return *reinterpret_cast<const uint32_t*>(p);
+    case ncclInt64:
+      return static_cast<double>(*reinterpret_cast<const int64_t*>(p));
+    case ncclUint64:
+      return static_cast<double>(*reinterpret_cast<const uint64_t*>(p));
+    case ncclFloat16:
+      return decode_minifloat(*reinterpret_cast<const uint16_t*>(p), 5, 10);
+    case ncclFloat32:
+      return *reinterpret_cast<const float*>(p);
+    case ncclFloat64:
+      return *reinterpret_cast<const double*>(p);
+    case ncclBfloat16:
+      return decode_minifloat(*reinterpret_cast<const uint16_t*>(p), 8, 7);
+    case ncclFloat8e4m3:
+      return decode_minifloat(*reinterpret_cast<const uint8_t*>(p), 4, 3);
+    default:
+      return decode_minifloat(*reinterpret_cast<const uint8_t*>(p), 5, 2);
   }
 }
 
@@ -137,21 +173,29 @@ bool is_float(ncclDataType_t t) {
 // Relative precision of the type (fp8 e5m2 has 2 mantissa bits).
 double precision(ncclDataType_t t) {
   switch (t) {
-    case ncclFloat16: return std::ldexp(1, -10);
-    case ncclBfloat16: return std::ldexp(1, -7);
-    case ncclFloat8e4m3: return std::ldexp(1, -3);
-    case ncclFloat8e5m2: return std::ldexp(1, -2);
-    default: return 1e-6;
+    case ncclFloat16:
+      return std::ldexp(1, -10);
+    case ncclBfloat16:
+      return std::ldexp(1, -7);
+    case ncclFloat8e4m3:
+      return std::ldexp(1, -3);
+    case ncclFloat8e5m2:
+      return std::ldexp(1, -2);
+    default:
+      return 1e-6;
   }
 }
 
 // Rank r's element i for each op: sums stay <= 5, products are powers of two.
 double input(int op_kind, int r, size_t i) {
   switch (op_kind) {
-    case ncclProd: return ((r + i) % 3 == 0) ? 2 : 1;
+    case ncclProd:
+      return ((r + i) % 3 == 0) ? 2 : 1;
     case ncclMax:
-    case ncclMin: return static_cast<double>((r * 7 + i * 3) % 5);
-    default: return static_cast<double>((r + i) % 2);
+    case ncclMin:
+      return static_cast<double>((r * 7 + i * 3) % 5);
+    default:
+      return static_cast<double>((r + i) % 2);
   }
 }
 
@@ -160,10 +204,14 @@ double expected(int op_kind, size_t i, ncclDataType_t t) {
   double acc = op_kind == ncclProd ? 1 : (op_kind == ncclMin ? 1e9 : (op_kind == ncclMax ? -1 : 0));
   for (int r = 0; r < g_nranks; ++r) {
     double v = input(op_kind, r, i);
-    if (op_kind == ncclProd) acc *= v;
-    else if (op_kind == ncclMax) acc = std::max(acc, v);
-    else if (op_kind == ncclMin) acc = std::min(acc, v);
-    else acc += v;
+    if (op_kind == ncclProd)
+      acc *= v;
+    else if (op_kind == ncclMax)
+      acc = std::max(acc, v);
+    else if (op_kind == ncclMin)
+      acc = std::min(acc, v);
+    else
+      acc += v;
   }
   if (op_kind == ncclAvg) acc = is_float(t) ? acc / g_nranks : std::floor(acc / g_nranks);
   if (op_kind >= ncclNumOps) acc *= 2;
@@ -195,8 +243,10 @@ void check_reduction(ncclComm_t comm, Red kind, ncclDataType_t t, int op_kind, s
   void* out = in_place ? send.data() : recv.data();
   const void* in = send.data();
   ncclResult_t r;
-  if (kind == Red::AllReduce) r = ncclAllReduce(in, out, count, t, op, comm, nullptr);
-  else if (kind == Red::Reduce) r = ncclReduce(in, out, count, t, op, root, comm, nullptr);
+  if (kind == Red::AllReduce)
+    r = ncclAllReduce(in, out, count, t, op, comm, nullptr);
+  else if (kind == Red::Reduce)
+    r = ncclReduce(in, out, count, t, op, root, comm, nullptr);
   else {
     if (in_place) out = send.data() + g_rank * count * kSizes[t];
     r = ncclReduceScatter(in, out, count, t, op, comm, nullptr);
@@ -295,7 +345,8 @@ void check_p2p(ncclComm_t comm) {
   const size_t count = 1001;
   std::vector<int32_t> out(count * n), in(count * n, -1);
   for (int q = 0; q < n; ++q)
-    for (size_t i = 0; i < count; ++i) out[q * count + i] = g_rank * 100000 + q * 1000 + static_cast<int>(i);
+    for (size_t i = 0; i < count; ++i)
+      out[q * count + i] = g_rank * 100000 + q * 1000 + static_cast<int>(i);
   // Every pair at once, in nested groups (the inner ends change nothing).
   OK(ncclGroupStart());
   for (int q = 0; q < n; ++q) {
@@ -306,8 +357,7 @@ void check_p2p(ncclComm_t comm) {
   }
   OK(ncclGroupEnd());
   for (int q = 0; q < n; ++q)
-    CHECK(in[q * count + 7] == q * 100000 + g_rank * 1000 + 7, "from %d: %d", q,
-          in[q * count + 7]);
+    CHECK(in[q * count + 7] == q * 100000 + g_rank * 1000 + 7, "from %d: %d", q, in[q * count + 7]);
   // A ring shift, count 0 included.
   int next = (g_rank + 1) % n, prev = (g_rank + n - 1) % n;
   int32_t token = g_rank, got = -1;
@@ -427,7 +477,8 @@ void check_init_all() {
   OK(ncclCommInitAll(comms, 2, devs));
   float values[2] = {1.5f, 2.5f}, sums[2] = {0, 0};
   OK(ncclGroupStart());
-  for (int i = 0; i < 2; ++i) OK(ncclAllReduce(&values[i], &sums[i], 1, ncclFloat32, ncclSum, comms[i], nullptr));
+  for (int i = 0; i < 2; ++i)
+    OK(ncclAllReduce(&values[i], &sums[i], 1, ncclFloat32, ncclSum, comms[i], nullptr));
   OK(ncclGroupEnd());
   CHECK(sums[0] == 4.0f && sums[1] == 4.0f, "init-all sums %g %g", sums[0], sums[1]);
   int device = -1;
@@ -443,7 +494,8 @@ void check_init_all() {
   OK(ncclGroupEnd());
   int32_t v[2] = {3, 4}, s[2] = {0, 0};
   OK(ncclGroupStart());
-  for (int i = 0; i < 2; ++i) OK(ncclAllReduce(&v[i], &s[i], 1, ncclInt32, ncclSum, comms[i], nullptr));
+  for (int i = 0; i < 2; ++i)
+    OK(ncclAllReduce(&v[i], &s[i], 1, ncclInt32, ncclSum, comms[i], nullptr));
   OK(ncclGroupEnd());
   CHECK(s[0] == 7 && s[1] == 7, "scalable sums %d %d", s[0], s[1]);
   for (ncclComm_t c : comms) OK(ncclCommDestroy(c));
@@ -503,8 +555,10 @@ void check_simulate(ncclComm_t world) {
   OK(ncclAllReduce(data.data(), out.data(), data.size(), ncclFloat32, ncclSum, world, nullptr));
   OK(ncclGroupSimulateEnd(&info));
   CHECK(out[0] == -7.0f && out.back() == -7.0f, "a simulated group ran");
-  if (g_nranks > 1) CHECK(info.estimatedTime > 0, "estimatedTime %g", info.estimatedTime);
-  else CHECK(info.estimatedTime >= 0, "estimatedTime %g", info.estimatedTime);
+  if (g_nranks > 1)
+    CHECK(info.estimatedTime > 0, "estimatedTime %g", info.estimatedTime);
+  else
+    CHECK(info.estimatedTime >= 0, "estimatedTime %g", info.estimatedTime);
   ncclSimInfo_t bad = NCCL_SIM_INFO_INITIALIZER;
   bad.magic = 0;
   OK(ncclGroupStart());
@@ -592,8 +646,10 @@ int main() {
     for (int op = 0; op <= ncclNumOps + 1; ++op)  // 5: PreMulSum host, 6: PreMulSum "device"
       for (Red kind : {Red::AllReduce, Red::Reduce, Red::ReduceScatter})
         for (size_t count : counts)
-          for (bool in_place : {false, true}) check_reduction(world, kind, type, op, count, in_place);
-    for (Move kind : {Move::AllGather, Move::Broadcast, Move::AllToAll, Move::Gather, Move::Scatter})
+          for (bool in_place : {false, true})
+            check_reduction(world, kind, type, op, count, in_place);
+    for (Move kind :
+         {Move::AllGather, Move::Broadcast, Move::AllToAll, Move::Gather, Move::Scatter})
       for (size_t count : counts)
         for (bool in_place : {false, true}) check_move(world, kind, type, count, in_place);
   }

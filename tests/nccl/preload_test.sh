@@ -10,6 +10,8 @@ trap 'rm -f "$log"' EXIT
 fail=0
 say() { echo "preload_test: $*"; fail=1; }
 ldd "$program" | grep -q "libnccl.so.2 => $real" || say "$program is not linked against $real"
+# An ASan build's program would refuse a preloaded library ahead of its runtime.
+ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0 \
 LD_PRELOAD=$ours NCCL_SHIM_EXPECT=$ours NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV \
   NCCL_ALGO=ring "$weftrun" -n 2 --timeout 120 "$program" >"$log" 2>&1 || say "the program failed"
 grep -q "weft INFO INIT" "$log" || say "no Weft INIT log lines"

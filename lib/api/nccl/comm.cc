@@ -119,7 +119,13 @@ void CommState::settle(ncclResult_t result, const std::string& message) {
 }
 
 ncclComm_t make_handle(std::shared_ptr<CommState> state) {
-  return new ncclComm{kHandleMagic, std::move(state)};
+  auto* handle = new ncclComm{kHandleMagic, std::move(state)};
+  // Every handle stays reachable for the process's life (leak checkers agree).
+  static std::mutex mutex;
+  static auto* handles = new std::vector<ncclComm*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  handles->push_back(handle);
+  return handle;
 }
 
 ncclResult_t resolve(ncclComm_t comm, const char* function, std::shared_ptr<CommState>* out) {
@@ -133,8 +139,7 @@ ncclResult_t resolve(ncclComm_t comm, const char* function, std::shared_ptr<Comm
   return ncclSuccess;
 }
 
-ncclResult_t resolve_ready(ncclComm_t comm, const char* function,
-                           std::shared_ptr<CommState>* out) {
+ncclResult_t resolve_ready(ncclComm_t comm, const char* function, std::shared_ptr<CommState>* out) {
   if (ncclResult_t r = resolve(comm, function, out); r != ncclSuccess) return r;
   CommState& state = **out;
   if (in_group() && state.status.load() == ncclInProgress && pending_in_group(&state))
@@ -274,8 +279,7 @@ ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* new
 }
 WEFT_NCCL_ALIAS(ncclCommSplit)
 
-ncclResult_t pncclCommShrink(ncclComm_t comm, int*, int, ncclComm_t* newcomm, ncclConfig_t*,
-                             int) {
+ncclResult_t pncclCommShrink(ncclComm_t comm, int*, int, ncclComm_t* newcomm, ncclConfig_t*, int) {
   std::shared_ptr<CommState> state;
   if (ncclResult_t r = resolve(comm, __func__, &state); r != ncclSuccess) return r;
   if (newcomm != nullptr) *newcomm = nullptr;

@@ -39,7 +39,8 @@ std::string lower(std::string_view text) {
 // Messages go to stderr in Weft's format unless WEFT_DEBUG (as mapped) silences them.
 void say(const char* level, const std::string& message) {
   const char* debug = getenv("WEFT_DEBUG");
-  bool info = debug != nullptr && (strcasecmp(debug, "INFO") == 0 || strcasecmp(debug, "TRACE") == 0);
+  bool info =
+      debug != nullptr && (strcasecmp(debug, "INFO") == 0 || strcasecmp(debug, "TRACE") == 0);
   bool none = debug != nullptr && strcasecmp(debug, "NONE") == 0;
   if (none || (level[0] == 'I' && !info)) return;
   fprintf(stderr, "%d weft %s ENV nccl-shim: %s\n", static_cast<int>(getpid()), level,
@@ -56,9 +57,11 @@ std::string map_debug(const std::string& value) {
 // NCCL's subsystems that have a Weft counterpart; the others have no Weft log lines.
 std::string map_subsys(const std::string& value) {
   static constexpr std::pair<const char*, const char*> kMap[] = {
-      {"init", "INIT"},   {"bootstrap", "BOOTSTRAP"}, {"net", "TRANSPORT"}, {"shm", "TRANSPORT"},
-      {"p2p", "P2P"},     {"coll", "COLL"},           {"tuning", "TUNE"},   {"graph", "ALGO"},
-      {"env", "ENV"},     {"all", "ALL"}};
+      {"init", "INIT"},     {"bootstrap", "BOOTSTRAP"},
+      {"net", "TRANSPORT"}, {"shm", "TRANSPORT"},
+      {"p2p", "P2P"},       {"coll", "COLL"},
+      {"tuning", "TUNE"},   {"graph", "ALGO"},
+      {"env", "ENV"},       {"all", "ALL"}};
   std::string_view text(value);
   bool exclude = !text.empty() && text[0] == '^';
   if (exclude) text.remove_prefix(1);
@@ -78,11 +81,9 @@ std::string map_subsys(const std::string& value) {
 // implements for it; NCCL's hardware algorithms (CollNet, NVLS, PAT) and
 // exclusions ("^tree") have no Weft equivalent and are reported.
 std::string map_algo(const std::string& value) {
-  static constexpr algo::Collective kTuned[] = {algo::Collective::AllReduce,
-                                                algo::Collective::ReduceScatter,
-                                                algo::Collective::AllGather,
-                                                algo::Collective::Broadcast,
-                                                algo::Collective::Reduce};
+  static constexpr algo::Collective kTuned[] = {
+      algo::Collective::AllReduce, algo::Collective::ReduceScatter, algo::Collective::AllGather,
+      algo::Collective::Broadcast, algo::Collective::Reduce};
   std::string out;
   for (std::string_view entry : split(value, ';')) {
     std::vector<algo::Collective> collectives(std::begin(kTuned), std::end(kTuned));

@@ -142,7 +142,8 @@ ncclResult_t launch(const std::vector<Call>& calls, bool may_defer, const char* 
     deferred = deferred || (may_defer && !comm->blocking);
   }
   weftStream_t stream = t_stream.get();
-  if (deferred && weftStreamCreate(&stream) != weftSuccess) return from_weft(weftSystemError, function);
+  if (deferred && weftStreamCreate(&stream) != weftSuccess)
+    return from_weft(weftSystemError, function);
   ncclResult_t submitted = ncclSuccess;
   {
     std::vector<std::shared_lock<std::shared_mutex>> uses;
@@ -228,9 +229,9 @@ ncclResult_t group_end(ncclSimInfo_t* simulated, const char* function) {
   ncclResult_t inited = run_inits(inits);
   if (inited != ncclSuccess && inited != ncclInProgress) return inited;
   if (g.first_error != ncclSuccess)
-    return record(g.first_error, std::string(function) +
-                                     ": group abandoned because a call inside it failed: " +
-                                     g.first_message);
+    return record(g.first_error,
+                  std::string(function) +
+                      ": group abandoned because a call inside it failed: " + g.first_message);
   if (simulated != nullptr) return simulate(calls, simulated);
   if (calls.empty()) return inited;
   ncclResult_t launched = launch(calls, true, function);
@@ -278,8 +279,8 @@ ncclResult_t submit_call(ncclComm_t handle, Call call) {
     if (ncclResult_t r = resolve(handle, call.function, &call.comm); r != ncclSuccess) return r;
     int dtype = static_cast<int>(call.dtype);
     if (dtype < 0 || dtype >= ncclNumTypes)
-      return record(ncclInvalidArgument, call.function,
-                    "datatype %d is not a valid ncclDataType_t", dtype);
+      return record(ncclInvalidArgument, call.function, "datatype %d is not a valid ncclDataType_t",
+                    dtype);
     if (static_cast<int>(call.op) < 0)
       return record(ncclInvalidArgument, call.function, "op %d is not a valid ncclRedOp_t",
                     static_cast<int>(call.op));

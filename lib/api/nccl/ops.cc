@@ -88,8 +88,8 @@ WEFT_NCCL_ALIAS(ncclGather)
 
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Scatter, "ncclScatter", sendbuff, recvbuff,
-                                     count, datatype, ncclSum, root));
+  return submit_call(comm, make_call(Call::Kind::Scatter, "ncclScatter", sendbuff, recvbuff, count,
+                                     datatype, ncclSum, root));
 }
 WEFT_NCCL_ALIAS(ncclScatter)
 
@@ -135,8 +135,7 @@ ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, v
   if (ncclResult_t r = resolve_ready(comm, __func__, &state); r != ncclSuccess) return r;
   if (handle == nullptr) return record(ncclInvalidArgument, __func__, "handle is NULL");
   *handle = nullptr;
-  if (buff == nullptr || size == 0 || is_device_memory(buff))
-    return ncclSuccess;
+  if (buff == nullptr || size == 0 || is_device_memory(buff)) return ncclSuccess;
   std::shared_lock<std::shared_mutex> use(state->use);
   return from_weft(weftCommRegister(state->weft, buff, size, handle), __func__);
 }
@@ -177,11 +176,11 @@ ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTy
   if (ncclResult_t r = check_host_memory(scalar, "scalar", __func__); r != ncclSuccess) return r;
   static_assert(sizeof(ncclRedOp_t) == sizeof(weftRedOp_t));
   std::shared_lock<std::shared_mutex> use(state->use);
-  return from_weft(weftRedOpCreatePreMulSum(reinterpret_cast<weftRedOp_t*>(op), scalar,
-                                            static_cast<weftDataType_t>(datatype),
-                                            static_cast<weftScalarResidence_t>(residence),
-                                            state->weft),
-                   __func__);
+  return from_weft(
+      weftRedOpCreatePreMulSum(reinterpret_cast<weftRedOp_t*>(op), scalar,
+                               static_cast<weftDataType_t>(datatype),
+                               static_cast<weftScalarResidence_t>(residence), state->weft),
+      __func__);
 }
 WEFT_NCCL_ALIAS(ncclRedOpCreatePreMulSum)
 

@@ -40,10 +40,10 @@ struct CommState {
   std::mutex mutex;
   std::condition_variable changed;
   weftComm_t weft = nullptr;
-  bool aborted = false;    // ncclCommAbort came while init was still running
-  bool finalized = false;  // ncclCommFinalize was called
+  bool aborted = false;              // ncclCommAbort came while init was still running
+  bool finalized = false;            // ncclCommFinalize was called
   std::atomic<bool> retired{false};  // destroyed or aborted: every later call is refused
-  std::string error;       // the message of the failure in `status`
+  std::string error;                 // the message of the failure in `status`
 
   // Calls that hand work to Weft hold it shared; destroy and abort hold it
   // exclusively, so Weft's communicator is never freed under a submitting
@@ -59,8 +59,7 @@ struct CommState {
 // Resolves a handle; on failure records a message naming `function`.
 ncclResult_t resolve(ncclComm_t comm, const char* function, std::shared_ptr<CommState>* out);
 // resolve + wait until it is ready + a live Weft communicator behind it.
-ncclResult_t resolve_ready(ncclComm_t comm, const char* function,
-                           std::shared_ptr<CommState>* out);
+ncclResult_t resolve_ready(ncclComm_t comm, const char* function, std::shared_ptr<CommState>* out);
 ncclComm_t make_handle(std::shared_ptr<CommState> state);
 
 // The thread's last error (ncclGetLastError); record() sets it and returns result.
@@ -104,8 +103,18 @@ bool pending_in_group(const CommState* state);
 
 // One collective or point-to-point call, kept until its group ends.
 struct Call {
-  enum class Kind { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, AllToAll, Gather,
-                    Scatter, Send, Recv };
+  enum class Kind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Gather,
+    Scatter,
+    Send,
+    Recv
+  };
   Kind kind;
   const char* function;
   std::shared_ptr<CommState> comm;
