@@ -429,6 +429,17 @@ void check_config_and_nonblocking(ncclComm_t world) {
     sum_of_ranks(child);
     OK(ncclCommDestroy(child));
   }
+  // A non-blocking init inside a group: the group's end is what returns InProgress.
+  if (g_rank == 0) OK(ncclGetUniqueId(&id));
+  OK(ncclBroadcast(&id, &id, sizeof(id), ncclUint8, 0, world, nullptr));
+  ncclComm_t grouped = nullptr;
+  OK(ncclGroupStart());
+  OK(ncclCommInitRankConfig(&grouped, g_nranks, id, g_rank, &config));
+  r = ncclGroupEnd();
+  CHECK(r == ncclInProgress, "non-blocking group init ended %s", ncclGetErrorString(r));
+  wait_async(grouped);
+  sum_of_ranks(grouped);
+  OK(ncclCommDestroy(grouped));
   OK(ncclCommFinalize(nb));
   wait_async(nb);
   OK(ncclCommDestroy(nb));

@@ -6,104 +6,86 @@
 
 using namespace weft::nccl;
 
-namespace {
-
-Call make_call(Call::Kind kind, const char* function, const void* send, void* recv, size_t count,
-               ncclDataType_t dtype, ncclRedOp_t op, int root) {
-  Call call;
-  call.kind = kind;
-  call.function = function;
-  call.send = send;
-  call.recv = recv;
-  call.count = count;
-  call.dtype = dtype;
-  call.op = op;
-  call.root = root;
-  return call;
-}
-
-}  // namespace
-
 extern "C" {
 
 ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                             cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::AllReduce, "ncclAllReduce", sendbuff, recvbuff,
-                                     count, datatype, op, 0));
+  return submit_call(comm, Call{Call::Kind::AllReduce, "ncclAllReduce", sendbuff, recvbuff, count,
+                                datatype, op, 0});
 }
 WEFT_NCCL_ALIAS(ncclAllReduce)
 
 ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::ReduceScatter, "ncclReduceScatter", sendbuff,
-                                     recvbuff, recvcount, datatype, op, 0));
+  return submit_call(comm, Call{Call::Kind::ReduceScatter, "ncclReduceScatter", sendbuff, recvbuff,
+                                recvcount, datatype, op, 0});
 }
 WEFT_NCCL_ALIAS(ncclReduceScatter)
 
 ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                             ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::AllGather, "ncclAllGather", sendbuff, recvbuff,
-                                     sendcount, datatype, ncclSum, 0));
+  return submit_call(comm, Call{Call::Kind::AllGather, "ncclAllGather", sendbuff, recvbuff,
+                                sendcount, datatype, ncclSum, 0});
 }
 WEFT_NCCL_ALIAS(ncclAllGather)
 
 ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Broadcast, "ncclBroadcast", sendbuff, recvbuff,
-                                     count, datatype, ncclSum, root));
+  return submit_call(comm, Call{Call::Kind::Broadcast, "ncclBroadcast", sendbuff, recvbuff, count,
+                                datatype, ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclBroadcast)
 
 // The legacy in-place broadcast.
 ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Broadcast, "ncclBcast", buff, buff, count,
-                                     datatype, ncclSum, root));
+  return submit_call(
+      comm, Call{Call::Kind::Broadcast, "ncclBcast", buff, buff, count, datatype, ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclBcast)
 
 ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                          cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Reduce, "ncclReduce", sendbuff, recvbuff, count,
-                                     datatype, op, root));
+  return submit_call(
+      comm, Call{Call::Kind::Reduce, "ncclReduce", sendbuff, recvbuff, count, datatype, op, root});
 }
 WEFT_NCCL_ALIAS(ncclReduce)
 
 ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::AllToAll, "ncclAlltoAll", sendbuff, recvbuff,
-                                     count, datatype, ncclSum, 0));
+  return submit_call(comm, Call{Call::Kind::AllToAll, "ncclAlltoAll", sendbuff, recvbuff, count,
+                                datatype, ncclSum, 0});
 }
 WEFT_NCCL_ALIAS(ncclAlltoAll)
 
 ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Gather, "ncclGather", sendbuff, recvbuff, count,
-                                     datatype, ncclSum, root));
+  return submit_call(comm, Call{Call::Kind::Gather, "ncclGather", sendbuff, recvbuff, count,
+                                datatype, ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclGather)
 
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Scatter, "ncclScatter", sendbuff, recvbuff, count,
-                                     datatype, ncclSum, root));
+  return submit_call(comm, Call{Call::Kind::Scatter, "ncclScatter", sendbuff, recvbuff, count,
+                                datatype, ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclScatter)
 
 ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Send, "ncclSend", sendbuff, nullptr, count,
-                                     datatype, ncclSum, peer));
+  return submit_call(
+      comm, Call{Call::Kind::Send, "ncclSend", sendbuff, nullptr, count, datatype, ncclSum, peer});
 }
 WEFT_NCCL_ALIAS(ncclSend)
 
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, make_call(Call::Kind::Recv, "ncclRecv", nullptr, recvbuff, count,
-                                     datatype, ncclSum, peer));
+  return submit_call(
+      comm, Call{Call::Kind::Recv, "ncclRecv", nullptr, recvbuff, count, datatype, ncclSum, peer});
 }
 WEFT_NCCL_ALIAS(ncclRecv)
 

@@ -117,14 +117,15 @@ struct Call {
   };
   Kind kind;
   const char* function;
-  std::shared_ptr<CommState> comm;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  size_t count = 0;
-  ncclDataType_t dtype = ncclFloat32;
-  ncclRedOp_t op = ncclSum;
-  int root = 0;  // peer for Send/Recv
+  const void* send;
+  void* recv;
+  size_t count;
+  ncclDataType_t dtype;
+  ncclRedOp_t op;
+  int root;                                   // peer for Send/Recv
+  std::shared_ptr<CommState> comm = nullptr;  // set by submit_call
 };
+
 // Validates the handle and arguments, then runs the call (outside a group)
 // or adds it to the open group.
 ncclResult_t submit_call(ncclComm_t comm, Call call);
