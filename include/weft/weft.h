@@ -139,6 +139,12 @@ WEFT_API weftResult_t weftCommFinalize(weftComm_t comm);
 WEFT_API weftResult_t weftCommDestroy(weftComm_t comm);
 /* Abandons outstanding work and frees the communicator; always returns. */
 WEFT_API weftResult_t weftCommAbort(weftComm_t comm);
+/* Weft extension: fails comm as weftCommAbort does (calls waiting on it
+ * return an error, peers are told) without freeing it, so it may come from
+ * another thread while a call on comm runs; free comm afterwards with
+ * weftCommAbort or weftCommDestroy (the NCCL shim's ncclCommAbort and
+ * ncclCommRevoke). */
+WEFT_API weftResult_t weftCommRevoke(weftComm_t comm);
 /* weftSuccess while healthy; otherwise the error that failed the communicator. */
 WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
 /* Weft extension: the algorithm the tuner chose for the last collective

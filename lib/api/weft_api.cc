@@ -361,6 +361,16 @@ weftResult_t weftCommAbort(weftComm_t comm) {
   return report(run(), __func__);
 }
 
+weftResult_t weftCommRevoke(weftComm_t comm) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    impl->abort();  // fails every wait on comm; freeing is left to abort or destroy
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
 weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* async_error) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;

@@ -512,23 +512,29 @@ void check_init_all() {
   for (ncclComm_t c : comms) OK(ncclCommDestroy(c));
 }
 
-// Rank 0 waits in a collective the others never join; another thread aborts it.
-void check_abort(ncclComm_t world) {
+// Rank 0 waits in a collective the others never join; another thread aborts
+// (or revokes) the communicator, which must end the wait with an error.
+void check_abort(ncclComm_t world, bool revoke) {
   if (g_nranks < 2) return;
   ncclComm_t victim = nullptr;
   OK(ncclCommSplit(world, 0, g_rank, &victim, nullptr));
   if (g_rank == 0) {
     std::atomic<bool> calling{false};
-    std::thread aborter([&] {
+    std::thread ender([&] {
       while (!calling.load()) std::this_thread::yield();
-      OK(ncclCommAbort(victim));
+      OK(revoke ? ncclCommRevoke(victim, NCCL_REVOKE_DEFAULT) : ncclCommAbort(victim));
     });
     int32_t value = 1, sum = 0;
     calling = true;
     ncclResult_t r = ncclAllReduce(&value, &sum, 1, ncclInt32, ncclSum, victim, nullptr);
-    aborter.join();
+    ender.join();
     CHECK(r != ncclSuccess, "a collective nobody joined succeeded");
-    CHECK(ncclCommDestroy(victim) == ncclInvalidUsage, "destroy after abort accepted");
+    r = ncclAllReduce(&value, &sum, 1, ncclInt32, ncclSum, victim, nullptr);
+    CHECK(r != ncclSuccess, "a call after %s succeeded", revoke ? "revoke" : "abort");
+    if (revoke)
+      OK(ncclCommDestroy(victim));
+    else
+      CHECK(ncclCommDestroy(victim) == ncclInvalidUsage, "destroy after abort accepted");
   }
   sum_of_ranks(world);  // the others wait here until rank 0 is done
   if (g_rank != 0) OK(ncclCommAbort(victim));
@@ -606,7 +612,7 @@ void check_errors(ncclComm_t world) {
   expect(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
   expect(ncclCommShrink(world, &x, 1, nullptr, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidUsage,
          "shrink");
-  expect(ncclCommRevoke(world, 0), ncclInvalidUsage, "revoke");
+  expect(ncclCommRevoke(world, 1), ncclInvalidArgument, "revokeFlags");
   ncclDevComm_t dev;
   expect(ncclDevCommCreate(world, nullptr, &dev), ncclInvalidUsage, "device API");
   ncclTeam_t team = ncclTeamWorld(world);
@@ -671,7 +677,8 @@ int main() {
   check_config_and_nonblocking(world);
   check_split_finalize(world);
   check_init_all();
-  check_abort(world);
+  check_abort(world, false);
+  check_abort(world, true);
   sum_of_ranks(world);
   OK(ncclCommDestroy(world));
   if (g_failures == 0) printf("rank %d: nccl abi test passed\n", g_rank);

@@ -300,12 +300,16 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int*, int, ncclComm_t* newcomm, nc
 }
 WEFT_NCCL_ALIAS(ncclCommShrink)
 
-ncclResult_t pncclCommRevoke(ncclComm_t comm, int) {
+// Ends the communicator's work in flight (also from another thread) and every
+// later call on it; it stays allocated until ncclCommDestroy or ncclCommAbort.
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int revoke_flags) {
   std::shared_ptr<CommState> state;
-  if (ncclResult_t r = resolve(comm, __func__, &state); r != ncclSuccess) return r;
-  return record(ncclInvalidUsage, __func__,
-                "Weft cannot revoke a communicator yet (it has no shrink to follow); "
-                "ncclCommAbort stops its work and frees it");
+  if (ncclResult_t r = resolve_ready(comm, __func__, &state); r != ncclSuccess) return r;
+  if (revoke_flags != NCCL_REVOKE_DEFAULT)
+    return record(ncclInvalidArgument, __func__, "revokeFlags %d is not NCCL_REVOKE_DEFAULT",
+                  revoke_flags);
+  std::lock_guard<std::mutex> lock(state->mutex);
+  return state->weft == nullptr ? ncclSuccess : from_weft(weftCommRevoke(state->weft), __func__);
 }
 WEFT_NCCL_ALIAS(ncclCommRevoke)
 
@@ -356,6 +360,9 @@ ncclResult_t pncclCommAbort(ncclComm_t comm) {
       state->retired.store(true);
       return ncclSuccess;
     }
+    // Under the mutex, so that a destroy cannot free it meanwhile; it ends the
+    // waits of calls holding `use`, so the exclusive lock below comes soon.
+    if (state->weft != nullptr) weftCommRevoke(state->weft);
   }
   std::unique_lock<std::shared_mutex> use(state->use);
   weftComm_t weft;

@@ -1,8 +1,9 @@
 // Groups. The shim keeps a group's calls itself and hands them to Weft at its
 // end, so that inits in the group run first, a simulated group launches
-// nothing, and a non-blocking group can complete in the background. Every
-// call reaches Weft on a Weft stream and is waited for outside the
-// communicator's lock: an ncclCommAbort from another thread can then end it.
+// nothing, and a non-blocking group can complete in the background (on a
+// Weft stream of its own). Blocking calls run on the calling thread (Weft's
+// NULL stream) holding their communicators' `use` locks shared; an abort from
+// another thread revokes the communicator first, which ends their waits.
 #include <algorithm>
 #include <thread>
 
@@ -20,23 +21,6 @@ struct GroupState {
   std::string first_message;
 };
 thread_local GroupState t_group;
-
-// The thread's stream for blocking calls. A stream that saw a failure fails
-// everything queued behind it, so it is replaced after one.
-struct ThreadStream {
-  weftStream_t stream = nullptr;
-  ~ThreadStream() { drop(); }
-  weftStream_t get() {
-    // Without a stream (creation failed) Weft runs calls before returning: still correct.
-    if (stream == nullptr && weftStreamCreate(&stream) != weftSuccess) stream = nullptr;
-    return stream;
-  }
-  void drop() {
-    if (stream != nullptr) weftStreamDestroy(stream);
-    stream = nullptr;
-  }
-};
-thread_local ThreadStream t_stream;
 
 const char* collective_name(Call::Kind kind) {
   switch (kind) {
@@ -91,10 +75,10 @@ weftResult_t replay(const Call& call, weftStream_t stream) {
 }
 
 // A failed call may have failed its communicators: their async error says so.
+// The caller holds their `use` locks.
 void note_failures(const std::vector<std::shared_ptr<CommState>>& comms) {
   std::string message = last_error();
   for (const auto& comm : comms) {
-    std::shared_lock<std::shared_mutex> use(comm->use);
     weftResult_t failed = weftSuccess;
     if (comm->weft != nullptr && weftCommGetAsyncError(comm->weft, &failed) == weftSuccess &&
         failed != weftSuccess)
@@ -141,7 +125,7 @@ ncclResult_t launch(const std::vector<Call>& calls, bool may_defer, const char* 
     }
     deferred = deferred || (may_defer && !comm->blocking);
   }
-  weftStream_t stream = t_stream.get();
+  weftStream_t stream = nullptr;  // blocking: Weft runs the group before returning
   if (deferred && weftStreamCreate(&stream) != weftSuccess)
     return from_weft(weftSystemError, function);
   ncclResult_t submitted = ncclSuccess;
@@ -161,30 +145,23 @@ ncclResult_t launch(const std::vector<Call>& calls, bool may_defer, const char* 
       // After a failed call Weft's group end drops the group and reports that call.
       weftResult_t ended = weftGroupEnd();
       if (submitted == ncclSuccess) submitted = from_weft(ended, function);
+      if (submitted != ncclSuccess) note_failures(comms);
     }
     if (deferred && submitted == ncclSuccess)
       for (const auto& comm : comms) comm->status.store(ncclInProgress);
   }
-  if (deferred) {
-    if (submitted != ncclSuccess) {
-      weftStreamDestroy(stream);
-      return submitted;
-    }
-    std::thread([stream, comms, function] {
-      ncclResult_t done = from_weft(weftStreamSynchronize(stream), function);
-      weftStreamDestroy(stream);
-      std::string message = last_error();
-      for (const auto& comm : comms) comm->settle(done, message);
-    }).detach();
-    return ncclInProgress;
+  if (!deferred) return submitted;
+  if (submitted != ncclSuccess) {
+    weftStreamDestroy(stream);
+    return submitted;
   }
-  if (submitted != ncclSuccess) return submitted;
-  weftResult_t waited = weftStreamSynchronize(stream);
-  if (waited == weftSuccess) return ncclSuccess;
-  ncclResult_t failed = from_weft(waited, function);
-  t_stream.drop();
-  note_failures(comms);
-  return failed;
+  std::thread([stream, comms, function] {
+    ncclResult_t done = from_weft(weftStreamSynchronize(stream), function);
+    weftStreamDestroy(stream);
+    std::string message = last_error();
+    for (const auto& comm : comms) comm->settle(done, message);
+  }).detach();
+  return ncclInProgress;
 }
 
 // The group's inits, each on its own thread (the ranks of one process must
