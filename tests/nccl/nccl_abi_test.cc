@@ -598,7 +598,7 @@ void check_errors(ncclComm_t world) {
     CHECK(strstr(ncclGetLastError(NULL), word) != nullptr, "last error '%s' lacks '%s'",
           ncclGetLastError(NULL), word);
   };
-  expect(ncclAllReduce(&x, &x, 1, static_cast<ncclDataType_t>(99), ncclSum, world, nullptr),
+  expect(ncclAllReduce(&x, &x, 1, static_cast<ncclDataType_t>(13), ncclSum, world, nullptr),
          ncclInvalidArgument, "datatype");
   expect(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, nullptr, nullptr), ncclInvalidArgument,
          "comm is NULL");

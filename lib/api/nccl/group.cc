@@ -104,7 +104,8 @@ ncclResult_t simulate(const std::vector<Call>& calls, ncclSimInfo_t* info) {
     std::shared_lock<std::shared_mutex> use(call.comm->use);
     double predicted = -1;
     if (call.comm->weft != nullptr &&
-        weftCommPredictTime(call.comm->weft, name, call.count * dtype_bytes(call.dtype),
+        weftCommPredictTime(call.comm->weft, name,
+                            call.count * dtype_bytes(static_cast<ncclDataType_t>(call.dtype)),
                             &predicted) == weftSuccess &&
         predicted > 0)
       total += predicted;
@@ -254,13 +255,13 @@ size_t dtype_bytes(ncclDataType_t dtype) {
 ncclResult_t submit_call(ncclComm_t handle, Call call) {
   auto check = [&]() -> ncclResult_t {
     if (ncclResult_t r = resolve(handle, call.function, &call.comm); r != ncclSuccess) return r;
-    int dtype = static_cast<int>(call.dtype);
+    int dtype = call.dtype;
     if (dtype < 0 || dtype >= ncclNumTypes)
       return record(ncclInvalidArgument, call.function, "datatype %d is not a valid ncclDataType_t",
                     dtype);
-    if (static_cast<int>(call.op) < 0)
+    if (call.op < 0)
       return record(ncclInvalidArgument, call.function, "op %d is not a valid ncclRedOp_t",
-                    static_cast<int>(call.op));
+                    call.op);
     if (call.count > 0) {
       if (ncclResult_t r = check_host_memory(call.send, "sendbuff", call.function);
           r != ncclSuccess)

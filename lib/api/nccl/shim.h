@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,16 @@ bool cuda_context_current();
 
 size_t dtype_bytes(ncclDataType_t dtype);
 
+// An enum argument's value as the caller passed it. C callers can pass any
+// int; reading the bytes (not the enum) keeps out-of-range values defined.
+template <typename Enum>
+int raw_value(const Enum& value) {
+  static_assert(sizeof(int) == sizeof(Enum));
+  int raw;
+  memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
+
 // A communicator init or split, run at once, in the background (non-blocking)
 // or at the end of the enclosing group.
 struct InitJob {
@@ -120,8 +131,8 @@ struct Call {
   const void* send;
   void* recv;
   size_t count;
-  ncclDataType_t dtype;
-  ncclRedOp_t op;
+  int dtype;  // as the caller passed them (raw_value): maybe out of range
+  int op;
   int root;                                   // peer for Send/Recv
   std::shared_ptr<CommState> comm = nullptr;  // set by submit_call
 };
