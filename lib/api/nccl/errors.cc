@@ -33,11 +33,7 @@ ncclResult_t from_weft(weftResult_t result, const char* function) {
   // Weft names its own entry point ("weftAllReduce: ..."); the caller knows the NCCL one.
   size_t colon = message.find(": ");
   if (message.rfind("weft", 0) == 0 && colon != std::string::npos) message.erase(0, colon + 2);
-  // NCCL has no timeout code: a stalled peer is a remote failure.
-  ncclResult_t code = result == weftTimeout || result >= weftNumResults
-                          ? ncclRemoteError
-                          : static_cast<ncclResult_t>(result);
-  return record(code, std::string(function) + ": " + message);
+  return record(to_nccl(result), std::string(function) + ": " + message);
 }
 
 const char* last_error() {

@@ -82,8 +82,7 @@ void note_failures(const std::vector<std::shared_ptr<CommState>>& comms) {
     weftResult_t failed = weftSuccess;
     if (comm->weft != nullptr && weftCommGetAsyncError(comm->weft, &failed) == weftSuccess &&
         failed != weftSuccess)
-      comm->settle(failed == weftTimeout ? ncclRemoteError : static_cast<ncclResult_t>(failed),
-                   message);
+      comm->settle(to_nccl(failed), message);
   }
 }
 

@@ -69,6 +69,11 @@ ncclResult_t record(ncclResult_t result, const char* function, const char* forma
     __attribute__((format(printf, 3, 4)));
 // A failed Weft call: its last error, renamed from weftX to the NCCL call.
 ncclResult_t from_weft(weftResult_t result, const char* function);
+// Weft's result as NCCL's: NCCL has no timeout code, a stalled peer is a remote failure.
+inline ncclResult_t to_nccl(weftResult_t result) {
+  return result == weftTimeout || result >= weftNumResults ? ncclRemoteError
+                                                           : static_cast<ncclResult_t>(result);
+}
 const char* last_error();
 
 // Maps NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_ALGO and NCCL_SOCKET_IFNAME onto
