@@ -22,54 +22,33 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
-const char* collective_name(Call::Kind kind) {
-  switch (kind) {
-    case Call::Kind::AllReduce:
-      return "allreduce";
-    case Call::Kind::ReduceScatter:
-      return "reducescatter";
-    case Call::Kind::AllGather:
-      return "allgather";
-    case Call::Kind::Broadcast:
-      return "broadcast";
-    case Call::Kind::Reduce:
-      return "reduce";
-    case Call::Kind::AllToAll:
-      return "alltoall";
-    case Call::Kind::Gather:
-      return "gather";
-    case Call::Kind::Scatter:
-      return "scatter";
-    default:
-      return nullptr;  // point to point: not a collective the cost model times
-  }
-}
-
 weftResult_t replay(const Call& call, weftStream_t stream) {
   weftComm_t comm = call.comm->weft;
   auto dtype = static_cast<weftDataType_t>(call.dtype);
   auto op = static_cast<weftRedOp_t>(call.op);
-  switch (call.kind) {
-    case Call::Kind::AllReduce:
+  if (call.kind == Call::Kind::Send)
+    return weftSend(call.send, call.count, dtype, call.root, comm, stream);
+  if (call.kind == Call::Kind::Recv)
+    return weftRecv(call.recv, call.count, dtype, call.root, comm, stream);
+  switch (call.collective) {
+    case algo::Collective::AllReduce:
       return weftAllReduce(call.send, call.recv, call.count, dtype, op, comm, stream);
-    case Call::Kind::ReduceScatter:
+    case algo::Collective::ReduceScatter:
       return weftReduceScatter(call.send, call.recv, call.count, dtype, op, comm, stream);
-    case Call::Kind::AllGather:
+    case algo::Collective::AllGather:
       return weftAllGather(call.send, call.recv, call.count, dtype, comm, stream);
-    case Call::Kind::Broadcast:
+    case algo::Collective::Broadcast:
       return weftBroadcast(call.send, call.recv, call.count, dtype, call.root, comm, stream);
-    case Call::Kind::Reduce:
+    case algo::Collective::Reduce:
       return weftReduce(call.send, call.recv, call.count, dtype, op, call.root, comm, stream);
-    case Call::Kind::AllToAll:
+    case algo::Collective::AllToAll:
       return weftAllToAll(call.send, call.recv, call.count, dtype, comm, stream);
-    case Call::Kind::Gather:
+    case algo::Collective::Gather:
       return weftGather(call.send, call.recv, call.count, dtype, call.root, comm, stream);
-    case Call::Kind::Scatter:
+    case algo::Collective::Scatter:
       return weftScatter(call.send, call.recv, call.count, dtype, call.root, comm, stream);
-    case Call::Kind::Send:
-      return weftSend(call.send, call.count, dtype, call.root, comm, stream);
-    case Call::Kind::Recv:
-      return weftRecv(call.recv, call.count, dtype, call.root, comm, stream);
+    default:
+      break;
   }
   return weftInternalError;
 }
@@ -98,8 +77,8 @@ std::vector<std::shared_ptr<CommState>> comms_of(const std::vector<Call>& calls)
 ncclResult_t simulate(const std::vector<Call>& calls, ncclSimInfo_t* info) {
   double total = 0;
   for (const Call& call : calls) {
-    const char* name = collective_name(call.kind);
-    if (name == nullptr) continue;
+    if (call.kind != Call::Kind::Collective) continue;  // point to point is not timed
+    const char* name = algo::collective_name(call.collective);
     std::shared_lock<std::shared_mutex> use(call.comm->use);
     double predicted = -1;
     if (call.comm->weft != nullptr &&

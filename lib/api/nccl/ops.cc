@@ -5,87 +5,93 @@
 #include "api/nccl/shim.h"
 
 using namespace weft::nccl;
+namespace algo = weft::algo;
 
 extern "C" {
 
 ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                             cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::AllReduce, "ncclAllReduce", sendbuff, recvbuff, count,
-                                raw_value(datatype), raw_value(op), 0});
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::AllReduce, "ncclAllReduce", sendbuff,
+                 recvbuff, count, raw_value(datatype), raw_value(op), 0});
 }
 WEFT_NCCL_ALIAS(ncclAllReduce)
 
 ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::ReduceScatter, "ncclReduceScatter", sendbuff, recvbuff,
-                                recvcount, raw_value(datatype), raw_value(op), 0});
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::ReduceScatter, "ncclReduceScatter",
+                 sendbuff, recvbuff, recvcount, raw_value(datatype), raw_value(op), 0});
 }
 WEFT_NCCL_ALIAS(ncclReduceScatter)
 
 ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                             ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::AllGather, "ncclAllGather", sendbuff, recvbuff,
-                                sendcount, raw_value(datatype), ncclSum, 0});
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::AllGather, "ncclAllGather", sendbuff,
+                 recvbuff, sendcount, raw_value(datatype), ncclSum, 0});
 }
 WEFT_NCCL_ALIAS(ncclAllGather)
 
 ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Broadcast, "ncclBroadcast", sendbuff, recvbuff, count,
-                                raw_value(datatype), ncclSum, root});
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::Broadcast, "ncclBroadcast", sendbuff,
+                 recvbuff, count, raw_value(datatype), ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclBroadcast)
 
 // The legacy in-place broadcast.
 ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Broadcast, "ncclBcast", buff, buff, count,
-                                raw_value(datatype), ncclSum, root});
+  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::Broadcast, "ncclBcast",
+                                buff, buff, count, raw_value(datatype), ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclBcast)
 
 ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                          cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Reduce, "ncclReduce", sendbuff, recvbuff, count,
-                                raw_value(datatype), raw_value(op), root});
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::Reduce, "ncclReduce", sendbuff, recvbuff,
+                 count, raw_value(datatype), raw_value(op), root});
 }
 WEFT_NCCL_ALIAS(ncclReduce)
 
 ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::AllToAll, "ncclAlltoAll", sendbuff, recvbuff, count,
-                                raw_value(datatype), ncclSum, 0});
+  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::AllToAll, "ncclAlltoAll",
+                                sendbuff, recvbuff, count, raw_value(datatype), ncclSum, 0});
 }
 WEFT_NCCL_ALIAS(ncclAlltoAll)
 
 ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Gather, "ncclGather", sendbuff, recvbuff, count,
-                                raw_value(datatype), ncclSum, root});
+  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::Gather, "ncclGather",
+                                sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclGather)
 
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Scatter, "ncclScatter", sendbuff, recvbuff, count,
-                                raw_value(datatype), ncclSum, root});
+  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::Scatter, "ncclScatter",
+                                sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root});
 }
 WEFT_NCCL_ALIAS(ncclScatter)
 
 ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Send, "ncclSend", sendbuff, nullptr, count,
-                                raw_value(datatype), ncclSum, peer});
+  return submit_call(comm, Call{Call::Kind::Send, algo::Collective::Barrier, "ncclSend", sendbuff,
+                                nullptr, count, raw_value(datatype), ncclSum, peer});
 }
 WEFT_NCCL_ALIAS(ncclSend)
 
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Recv, "ncclRecv", nullptr, recvbuff, count,
-                                raw_value(datatype), ncclSum, peer});
+  return submit_call(comm, Call{Call::Kind::Recv, algo::Collective::Barrier, "ncclRecv", nullptr,
+                                recvbuff, count, raw_value(datatype), ncclSum, peer});
 }
 WEFT_NCCL_ALIAS(ncclRecv)
 

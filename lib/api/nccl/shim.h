@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/schedule.h"
 #include "weft/weft.h"
 
 // Every ncclX is a weak alias of its strong pncclX, as in the real library,
@@ -119,19 +120,9 @@ bool pending_in_group(const CommState* state);
 
 // One collective or point-to-point call, kept until its group ends.
 struct Call {
-  enum class Kind {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-    Broadcast,
-    Reduce,
-    AllToAll,
-    Gather,
-    Scatter,
-    Send,
-    Recv
-  };
+  enum class Kind { Collective, Send, Recv };
   Kind kind;
+  algo::Collective collective;  // for Kind::Collective
   const char* function;
   const void* send;
   void* recv;
