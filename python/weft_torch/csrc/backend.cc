@@ -356,8 +356,10 @@ WeftBackend::WeftBackend(const std::string& unique_id, int rank, int size,
   weftConfig_t config = WEFT_CONFIG_INITIALIZER;
   config.timeoutMs = static_cast<int>(std::clamp<int64_t>(timeout.count(), 1, INT_MAX));
   check(weftCommInitRankConfig(&comm_, size, id, rank, &config), "weftCommInitRankConfig");
-  check(weftStreamCreate(&stream_), "weftStreamCreate");
-  completer_ = std::make_unique<Completer>();
+  for (Lane* lane : {&collectives_, &sends_, &receives_}) {
+    check(weftStreamCreate(&lane->stream), "weftStreamCreate");
+    lane->completer = std::make_unique<Completer>();
+  }
 }
 
 WeftBackend::~WeftBackend() {
@@ -371,11 +373,13 @@ void WeftBackend::shutdown() {
   weftCommGetAsyncError(comm_, &async_error);
   // A failed communicator's peers may be gone: abandon instead of finishing.
   if (async_error != weftSuccess || failed_) weftCommAbort(comm_);
-  completer_.reset();  // every queued work completes (or fails) first
-  weftStreamDestroy(stream_);
+  for (Lane* lane : {&collectives_, &sends_, &receives_}) {
+    lane->completer.reset();  // every queued work completes (or fails) first
+    weftStreamDestroy(lane->stream);
+    lane->stream = nullptr;
+  }
   if (async_error == weftSuccess && !failed_) weftCommDestroy(comm_);
   comm_ = nullptr;
-  stream_ = nullptr;
 }
 
 void WeftBackend::abort() {
@@ -391,16 +395,20 @@ std::chrono::milliseconds WeftBackend::effective(std::chrono::milliseconds timeo
   return timeout.count() > 0 ? timeout : timeout_;
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::submit(Op op, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Work> WeftBackend::submit(Op op, std::chrono::milliseconds timeout,
+                                                   Lane* lane) {
   std::lock_guard<std::mutex> lock(submit_mutex_);
   require_open();
+  // A coalesced batch is one Weft group, which runs on one stream.
+  if (lane == nullptr || coalescing_) lane = &collectives_;
+  weftStream_t stream = lane->stream;
   auto work =
       c10::make_intrusive<WeftWork>(rank_, op.type, std::move(op.outputs), effective(timeout));
   // What a failed launch had already queued must stay alive until the stream
   // passes it, so the work is queued either way.
   std::exception_ptr launch_error;
   try {
-    op.launch(stream_);
+    op.launch(stream);
   } catch (...) {
     launch_error = std::current_exception();
   }
@@ -412,10 +420,10 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::submit(Op op, std::chrono::milliseco
     return work;
   }
   auto event = std::make_shared<EventHandle>();
-  weftResult_t recorded = weftEventRecord(event->get(), stream_);
+  weftResult_t recorded = weftEventRecord(event->get(), stream);
   if (recorded == weftSuccess) {
     work->set_event(std::move(event));
-    completer_->push(work);
+    lane->completer->push(work);
   }
   if (launch_error) std::rethrow_exception(launch_error);
   check(recorded, "weftEventRecord");
@@ -439,7 +447,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::endCoalescing() {
   coalesced_.clear();
   check(weftGroupEnd(), "weftGroupEnd");
   auto event = std::make_shared<EventHandle>();
-  check(weftEventRecord(event->get(), stream_), "weftEventRecord");
+  check(weftEventRecord(event->get(), collectives_.stream), "weftEventRecord");
   std::vector<at::Tensor> outputs;
   for (const auto& member : members) {
     std::vector<at::Tensor> result = member->result();
@@ -452,7 +460,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::endCoalescing() {
     member->set_event(event);
     batch->add_child(member);
   }
-  completer_->push(batch);
+  collectives_.completer->push(batch);
   return batch;
 }
 
@@ -805,7 +813,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::send(std::vector<at::Tensor>& tensor
                          "weftSend");
                  },
                  nullptr},
-                ::kNoTimeout);
+                ::kNoTimeout, &sends_);
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensors, int src,
@@ -820,7 +828,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensor
                          "weftRecv");
                  },
                  [=] { copy_back(tensor, buffer); }},
-                ::kNoTimeout);
+                ::kNoTimeout, &receives_);
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::barrier(const c10d::BarrierOptions& opts) {

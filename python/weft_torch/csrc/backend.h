@@ -1,7 +1,9 @@
 // The "weft" torch.distributed backend: a c10d::Backend over one Weft
-// communicator and one Weft stream. Every operation is queued on the stream
-// (Weft's progress thread runs it) and returns a Work whose future completes
-// when the stream passes the operation's event.
+// communicator. Every operation is queued on a Weft stream (Weft's progress
+// thread runs it) and returns a Work whose future completes when the stream
+// passes the operation's event. Collectives share one stream (their order is
+// the program's); sends and receives have a stream each, so an exchange of
+// isend and irecv between two ranks cannot wait on itself.
 #pragma once
 
 #include <weft/weft.h>
@@ -162,19 +164,24 @@ class WeftBackend : public c10d::Backend {
     std::function<void(weftStream_t)> launch;
     std::function<void()> on_done;
   };
-  c10::intrusive_ptr<c10d::Work> submit(Op op, std::chrono::milliseconds timeout);
+  // A stream and the completer of its works.
+  struct Lane {
+    weftStream_t stream = nullptr;
+    std::unique_ptr<Completer> completer;
+  };
+  c10::intrusive_ptr<c10d::Work> submit(Op op, std::chrono::milliseconds timeout,
+                                        Lane* lane = nullptr);
   std::chrono::milliseconds effective(std::chrono::milliseconds timeout) const;
   void require_open() const;
 
   weftComm_t comm_ = nullptr;
-  weftStream_t stream_ = nullptr;
+  Lane collectives_, sends_, receives_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<Options> options_;
   std::mutex submit_mutex_;  // one thread at a time uses the communicator
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<WeftWork>> coalesced_;
   std::atomic<bool> failed_{false};
-  std::unique_ptr<Completer> completer_;
 };
 
 // A fresh weftUniqueId (this process then hosts the rendezvous).
