@@ -4,6 +4,8 @@ result every rank computes from all ranks' inputs, which are deterministic).
 
 One world per rank count runs every check, so torch starts once per world."""
 
+import datetime
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -315,6 +317,24 @@ def check_subgroups(rank, n, gloo):
         same(b, values(ranks[-1], (17,), torch.float32), "subgroup broadcast")
 
 
+def check_wait_timeout(rank, n, gloo):
+    """wait(timeout) raises while the peer has not sent yet; the op still completes."""
+    if n == 1:
+        return
+    if rank == 0:
+        got = torch.zeros(4)
+        work = dist.irecv(got, 1)
+        with pytest.raises(dist.DistBackendError, match="did not complete within 200 ms"):
+            work.wait(timeout=datetime.timedelta(milliseconds=200))
+        dist.barrier()
+        work.wait()
+        same(got, torch.arange(4.0), "receive after a timed-out wait")
+    else:
+        dist.barrier()
+        if rank == 1:
+            dist.send(torch.arange(4.0), 0)
+
+
 def check_errors(rank, n, gloo):
     with pytest.raises(dist.DistBackendError, match="reduction"):
         dist.all_reduce(torch.ones(3, dtype=torch.int16))
@@ -329,7 +349,7 @@ def all_checks(rank, n):
     gloo = dist.new_group(backend="gloo")
     for check in (check_all_reduce, check_coalesced, check_rooted, check_gathers,
                   check_reduce_scatters, check_all_to_all, check_point_to_point, check_async,
-                  check_subgroups, check_errors):
+                  check_subgroups, check_wait_timeout, check_errors):
         check(rank, n, gloo)
         dist.barrier()
 
