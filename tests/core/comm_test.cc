@@ -106,6 +106,26 @@ TEST(InitFromEnv, OpenMpiVariablesWithMasterAddr) {
       options);
 }
 
+TEST(InitFromEnv, TorchrunVariablesLeaveMasterPortToTheStore) {
+  // torch's store listens on MASTER_PORT; rank 0 must take the next port.
+  int store_port = free_port();
+  int store = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(store_port);
+  ASSERT_EQ(bind(store, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(store, 4), 0);
+  std::string port = std::to_string(store_port);
+  RunOptions options;
+  options.make_unique_id = false;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port.c_str()}, {"LOCAL_RANK", "0"}};
+  run_ranks(
+      3, [](const RankContext& context) { init_from_env_and_check(context, "RANK", "WORLD_SIZE"); },
+      options);
+  close(store);
+}
+
 TEST(InitFromEnv, SlurmVariables) {
   std::string root = "127.0.0.1:" + std::to_string(free_port());
   RunOptions options;
