@@ -11,7 +11,8 @@ all_to_all_single on float32. The size is the larger buffer, as in
 nccl-tests. A time is the slowest rank's mean over the iterations.
 
 With --weft-perf, it also runs weft-perf allreduce at the smallest size under
-weftrun and prints the binding's overhead per call: torch+weft minus weft-perf.
+weftrun and prints the binding's overhead per call: torch+weft minus weft-perf
+(in place, as torch's all_reduce).
 """
 
 import argparse
@@ -103,9 +104,9 @@ def weft_perf_us(weftrun, weft_perf, n, size):
                           str(size), "-n", "2000", "-w", "100", "-c", "0"],
                          check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
-        fields = line.split()
-        if len(fields) > 5 and fields[0] == str(size) and re.match(r"^[0-9.]+$", fields[5]):
-            return float(fields[5])  # out-of-place time (us)
+        fields = re.sub(r"^\[\d+\]\s*", "", line).split()  # weftrun's rank prefix
+        if len(fields) > 9 and fields[0] == str(size) and re.match(r"^[0-9.]+$", fields[9]):
+            return float(fields[9])  # in-place time (us), as torch's all_reduce
     raise RuntimeError("no weft-perf row in:\n" + out)
 
 
@@ -121,9 +122,10 @@ def main():
     args = parser.parse_args()
     sizes = []
     size = parse_size(args.min)
-    while size <= parse_size(args.max):
+    while size < parse_size(args.max):
         sizes.append(size)
         size *= args.factor
+    sizes.append(parse_size(args.max))
     ctx = mp.get_context("fork")
     print(f"# torch {torch.__version__}, float32, time per call in us (slowest rank), "
           f"{os.cpu_count()} cores")
