@@ -404,6 +404,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::submit(Op op, std::chrono::milliseco
   weftStream_t stream = lane->stream;
   auto work =
       c10::make_intrusive<WeftWork>(rank_, op.type, std::move(op.outputs), effective(timeout));
+  if (op.blocking && !coalescing_ && weftStreamQuery(stream) == weftSuccess) {
+    op.launch(nullptr);  // complete when it returns; a failure throws here
+    work->set_on_done(std::move(op.on_done));
+    work->complete();
+    return work;
+  }
   // What a failed launch had already queued must stay alive until the stream
   // passes it, so the work is queued either way.
   std::exception_ptr launch_error;
@@ -477,7 +483,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::broadcast(std::vector<at::Tensor>& t
                                        comm_, stream),
                          "weftBroadcast");
                  },
-                 [=] { copy_back(tensor, buffer); }},
+                 [=] { copy_back(tensor, buffer); },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -496,7 +503,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce(std::vector<at::Tensor>& t
                                        scope.get(), comm_, stream),
                          "weftAllReduce");
                  },
-                 [=] { copy_back(tensor, buffer); }},
+                 [=] { copy_back(tensor, buffer); },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -520,7 +528,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce_coalesced(
                                        comm_, stream),
                          "weftAllReduce");
                  },
-                 [=] { split_into(flat, outputs); }},
+                 [=] { split_into(flat, outputs); },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -543,7 +552,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce(std::vector<at::Tensor>& tens
                  },
                  [=] {
                    if (is_root) copy_back(tensor, buffer);
-                 }},
+                 },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -577,7 +587,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_into_tensor_coalesced(
                  },
                  [=] {
                    for (size_t i = 0; i < targets.size(); ++i) copy_back(targets[i], receives[i]);
-                 }},
+                 },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -598,7 +609,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather(std::vector<std::vector<at
          check(weftAllGather(data(input), data(flat), bytes(input), weftUint8, comm_, stream),
                "weftAllGather");
        },
-       [=] { split_into(flat, targets); }},
+       [=] { split_into(flat, targets); },
+       !opts.asyncOp},
       opts.timeout);
 }
 
@@ -623,7 +635,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_coalesced(
                                        comm_, stream),
                          "weftAllGather");
                  },
-                 [=] { split_into(flat_out, targets); }},
+                 [=] { split_into(flat_out, targets); },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -651,7 +664,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::gather(std::vector<std::vector<at::T
                  },
                  [=] {
                    if (flat.defined()) split_into(flat, targets);
-                 }},
+                 },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -676,7 +690,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::scatter(std::vector<at::Tensor>& out
                                      bytes(buffer), weftUint8, root, comm_, stream),
                          "weftScatter");
                  },
-                 [=] { copy_back(output, buffer); }},
+                 [=] { copy_back(output, buffer); },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -714,7 +729,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensor_coalesced(
                  },
                  [=] {
                    for (size_t i = 0; i < targets.size(); ++i) copy_back(targets[i], receives[i]);
-                 }},
+                 },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -738,7 +754,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter(
                                            scope.get(), comm_, stream),
                          "weftReduceScatter");
                  },
-                 [=] { copy_back(output, buffer); }},
+                 [=] { copy_back(output, buffer); },
+                 !opts.asyncOp},
                 opts.timeout);
 }
 
@@ -762,7 +779,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::alltoall_base(at::Tensor& output, at
                              out->counts.data(), out->displs.data(), weftUint8, comm_, stream),
                "weftAllToAllv");
        },
-       [=] { copy_back(target, receive); }},
+       [=] { copy_back(target, receive); },
+       !opts.asyncOp},
       opts.timeout);
 }
 
@@ -798,7 +816,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::alltoall(std::vector<at::Tensor>& ou
                              out->counts.data(), out->displs.data(), weftUint8, comm_, stream),
                "weftAllToAllv");
        },
-       [=] { split_into(receive, targets); }},
+       [=] { split_into(receive, targets); },
+       !opts.asyncOp},
       opts.timeout);
 }
 
@@ -836,7 +855,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::barrier(const c10d::BarrierOptions& 
                  {},
                  {},
                  [this](weftStream_t stream) { check(weftBarrier(comm_, stream), "weftBarrier"); },
-                 nullptr},
+                 nullptr,
+                 !opts.asyncOp},
                 opts.timeout);
 }
 

@@ -157,12 +157,16 @@ class WeftBackend : public c10d::Backend {
  private:
   // What one operation hands to submit(): the Weft calls to make (on the
   // stream), the tensors the work reports, and what to run when it is done.
+  // `blocking` (async_op=False) lets an operation with nothing queued before
+  // it run in the caller's thread (the NULL stream), as Weft's own blocking
+  // calls do, instead of through the progress thread and back.
   struct Op {
     c10d::OpType type;
     std::vector<at::Tensor> outputs;
     std::vector<at::Tensor> keep;
     std::function<void(weftStream_t)> launch;
     std::function<void()> on_done;
+    bool blocking = false;
   };
   // A stream and the completer of its works.
   struct Lane {
