@@ -53,15 +53,20 @@ def buffers(name, size, n):
     return torch.empty(per_rank * n), torch.ones(per_rank * n)
 
 
+ASYNC = False  # --async-ops: each call with async_op=True, then wait()
+
+
 def call(name, out, inp, group):
     if name == "all_reduce":
-        dist.all_reduce(out, group=group)
+        work = dist.all_reduce(out, group=group, async_op=ASYNC)
     elif name == "all_gather_into_tensor":
-        dist.all_gather_into_tensor(out, inp, group=group)
+        work = dist.all_gather_into_tensor(out, inp, group=group, async_op=ASYNC)
     elif name == "reduce_scatter_tensor":
-        dist.reduce_scatter_tensor(out, inp, group=group)
+        work = dist.reduce_scatter_tensor(out, inp, group=group, async_op=ASYNC)
     else:
-        dist.all_to_all_single(out, inp, group=group)
+        work = dist.all_to_all_single(out, inp, group=group, async_op=ASYNC)
+    if work is not None:
+        work.wait()
 
 
 def timed(name, out, inp, group, iters, sync):
@@ -83,14 +88,16 @@ def measure(name, size, group, sync, budget_s):
     return timed(name, out, inp, group, int(iters.item()), sync)
 
 
-def rank_main(rank, n, port, sizes, budget_s, results):
+def rank_main(rank, n, port, sizes, budget_s, timeout_s, collectives, results):
     dist.init_process_group("weft", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n, timeout=datetime.timedelta(seconds=600))
+                            world_size=n, timeout=datetime.timedelta(seconds=timeout_s))
     gloo = dist.new_group(backend="gloo")
     weft = dist.group.WORLD
     rows = []
-    for name in COLLECTIVES:
+    for name in collectives:
         for size in sizes:
+            if rank == 0:
+                print(f"# {n} ranks: {name} {size} B", file=sys.stderr, flush=True)
             w = measure(name, size, weft, gloo, budget_s)
             g = measure(name, size, gloo, gloo, budget_s)
             rows.append((name, size, w, g))
@@ -117,9 +124,15 @@ def main():
     parser.add_argument("--max", default="64M")
     parser.add_argument("--factor", type=int, default=8)
     parser.add_argument("--budget", type=float, default=0.25, help="seconds per measurement")
+    parser.add_argument("--timeout", type=float, default=600, help="the groups' timeout (s)")
+    parser.add_argument("--collectives", default=",".join(COLLECTIVES))
+    parser.add_argument("--async-ops", action="store_true",
+                        help="async_op=True then wait() (the stream path)")
     parser.add_argument("--weft-perf")
     parser.add_argument("--weftrun")
     args = parser.parse_args()
+    global ASYNC
+    ASYNC = args.async_ops
     sizes = []
     size = parse_size(args.min)
     while size < parse_size(args.max):
@@ -134,7 +147,8 @@ def main():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.start_processes(rank_main, args=(n, port, sizes, args.budget, results), nprocs=n,
+        mp.start_processes(rank_main, args=(n, port, sizes, args.budget, args.timeout,
+                                             args.collectives.split(","), results), nprocs=n,
                            start_method="fork")
         rows = results.get()
         print(f"\n## {n} ranks")

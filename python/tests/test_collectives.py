@@ -336,6 +336,13 @@ def check_wait_timeout(rank, n, gloo):
 
 
 def check_errors(rank, n, gloo):
+    # An operation of an open coalescing batch has nothing to wait for yet.
+    dist.distributed_c10d._get_default_group()._start_coalescing(torch.device("cpu"))
+    early = dist.all_reduce(torch.ones(2), async_op=True)
+    with pytest.raises(dist.DistBackendError, match="before its coalescing batch ended"):
+        early.wait()
+    dist.distributed_c10d._get_default_group()._end_coalescing(torch.device("cpu")).wait()
+    early.wait()
     with pytest.raises(dist.DistBackendError, match="reduction"):
         dist.all_reduce(torch.ones(3, dtype=torch.int16))
     with pytest.raises(dist.DistBackendError, match="add up to dimension 0"):

@@ -183,6 +183,31 @@ class ReduceOpScope {
   bool custom_ = false;
 };
 
+// Contiguous twins of matching output and input lists where one side of
+// each pair holds world_size times the other's elements (the larger is the
+// output when `gathering`), and the buffers the stream must keep alive.
+struct Pairs {
+  std::vector<at::Tensor> sends, receives, keep;
+};
+
+Pairs pair_up(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+              int size, bool gathering, const char* what) {
+  if (outputs.size() != inputs.size()) fail(std::string(what) + ": as many outputs as inputs");
+  Pairs out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& large = gathering ? outputs[i] : inputs[i];
+    const at::Tensor& small = gathering ? inputs[i] : outputs[i];
+    if (large.numel() != small.numel() * size || large.scalar_type() != small.scalar_type())
+      fail(std::string(what) + (gathering ? ": the output" : ": the input") +
+           " must hold world_size times the other's elements, of the same dtype");
+    out.sends.push_back(dense(inputs[i], what));
+    out.receives.push_back(dense(outputs[i], what));
+    out.keep.push_back(out.sends.back());
+    out.keep.push_back(out.receives.back());
+  }
+  return out;
+}
+
 int to_int(int64_t value, const char* what) {
   if (value < 0 || value > INT_MAX) fail(std::string(what) + " out of range");
   return static_cast<int>(value);
@@ -257,6 +282,8 @@ void WeftWork::keep(std::vector<at::Tensor> tensors) {
 }
 
 void WeftWork::complete() {
+  if (deferred_ && event_ == nullptr)
+    fail("wait on an operation before its coalescing batch ended");
   weftResult_t result = weftSuccess;
   std::string message;
   if (event_ != nullptr) {
@@ -422,6 +449,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::submit(Op op, std::chrono::milliseco
   if (!launch_error) work->set_on_done(std::move(op.on_done));
   if (coalescing_) {
     if (launch_error) std::rethrow_exception(launch_error);
+    work->defer();
     coalesced_.push_back(work);
     return work;
   }
@@ -566,27 +594,18 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::_allgather_base(at::Tensor& output, 
 c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (outputs.size() != inputs.size()) fail("all_gather_into_tensor: as many outputs as inputs");
-  std::vector<at::Tensor> sends, receives, keep;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (outputs[i].numel() != inputs[i].numel() * size_ ||
-        outputs[i].scalar_type() != inputs[i].scalar_type())
-      fail("all_gather_into_tensor: the output must hold world_size inputs of the same dtype");
-    sends.push_back(dense(inputs[i], "all_gather_into_tensor"));
-    receives.push_back(dense(outputs[i], "all_gather_into_tensor"));
-    keep.push_back(sends.back());
-    keep.push_back(receives.back());
-  }
+  Pairs pairs = pair_up(outputs, inputs, size_, true, "all_gather_into_tensor");
   std::vector<at::Tensor> targets = outputs;
-  return submit({c10d::OpType::_ALLGATHER_BASE, outputs, keep,
+  return submit({c10d::OpType::_ALLGATHER_BASE, outputs, pairs.keep,
                  [=, this](weftStream_t stream) {
-                   for (size_t i = 0; i < sends.size(); ++i)
-                     check(weftAllGather(data(sends[i]), data(receives[i]), bytes(sends[i]),
-                                         weftUint8, comm_, stream),
+                   for (size_t i = 0; i < pairs.sends.size(); ++i)
+                     check(weftAllGather(data(pairs.sends[i]), data(pairs.receives[i]),
+                                         bytes(pairs.sends[i]), weftUint8, comm_, stream),
                            "weftAllGather");
                  },
                  [=] {
-                   for (size_t i = 0; i < targets.size(); ++i) copy_back(targets[i], receives[i]);
+                   for (size_t i = 0; i < targets.size(); ++i)
+                     copy_back(targets[i], pairs.receives[i]);
                  },
                  !opts.asyncOp},
                 opts.timeout);
@@ -704,34 +723,26 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (outputs.size() != inputs.size()) fail("reduce_scatter_tensor: as many outputs as inputs");
-  std::vector<at::Tensor> sends, receives, keep;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].numel() != outputs[i].numel() * size_ ||
-        outputs[i].scalar_type() != inputs[i].scalar_type())
-      fail("reduce_scatter_tensor: the input must hold world_size outputs of the same dtype");
-    sends.push_back(dense(inputs[i], "reduce_scatter_tensor"));
-    receives.push_back(dense(outputs[i], "reduce_scatter_tensor"));
-    reduction_type(sends.back());
-    keep.push_back(sends.back());
-    keep.push_back(receives.back());
-  }
+  Pairs pairs = pair_up(outputs, inputs, size_, false, "reduce_scatter_tensor");
+  for (const at::Tensor& send : pairs.sends) reduction_type(send);
   std::vector<at::Tensor> targets = outputs;
   c10d::ReduceOp op = opts.reduceOp;
-  return submit({c10d::OpType::_REDUCE_SCATTER_BASE, outputs, keep,
-                 [=, this](weftStream_t stream) {
-                   for (size_t i = 0; i < sends.size(); ++i) {
-                     ReduceOpScope scope(op, sends[i], comm_);
-                     check(weftReduceScatter(data(sends[i]), data(receives[i]), receives[i].numel(),
-                                             reduction_type(sends[i]), scope.get(), comm_, stream),
-                           "weftReduceScatter");
-                   }
-                 },
-                 [=] {
-                   for (size_t i = 0; i < targets.size(); ++i) copy_back(targets[i], receives[i]);
-                 },
-                 !opts.asyncOp},
-                opts.timeout);
+  return submit(
+      {c10d::OpType::_REDUCE_SCATTER_BASE, outputs, pairs.keep,
+       [=, this](weftStream_t stream) {
+         for (size_t i = 0; i < pairs.sends.size(); ++i) {
+           ReduceOpScope scope(op, pairs.sends[i], comm_);
+           check(weftReduceScatter(data(pairs.sends[i]), data(pairs.receives[i]),
+                                   pairs.receives[i].numel(), reduction_type(pairs.sends[i]),
+                                   scope.get(), comm_, stream),
+                 "weftReduceScatter");
+         }
+       },
+       [=] {
+         for (size_t i = 0; i < targets.size(); ++i) copy_back(targets[i], pairs.receives[i]);
+       },
+       !opts.asyncOp},
+      opts.timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter(
@@ -769,15 +780,22 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::alltoall_base(at::Tensor& output, at
     fail("all_to_all_single: input and output must have the same dtype");
   auto in = std::make_shared<Pieces>(pieces(send, input_splits, size_, "input"));
   auto out = std::make_shared<Pieces>(pieces(receive, output_splits, size_, "output"));
+  bool equal = input_splits.empty() && output_splits.empty();
+  if (equal && bytes(send) != bytes(receive))
+    fail("all_to_all_single: input and output must have the same size without split sizes");
   at::Tensor target = output;
   return submit(
       {c10d::OpType::ALLTOALL_BASE,
        {output},
        {send, receive},
        [=, this](weftStream_t stream) {
-         check(weftAllToAllv(data(send), in->counts.data(), in->displs.data(), data(receive),
-                             out->counts.data(), out->displs.data(), weftUint8, comm_, stream),
-               "weftAllToAllv");
+         if (equal)  // the equal-piece collective has more algorithms than the v form
+           check(weftAllToAll(data(send), data(receive), in->counts[0], weftUint8, comm_, stream),
+                 "weftAllToAll");
+         else
+           check(weftAllToAllv(data(send), in->counts.data(), in->displs.data(), data(receive),
+                               out->counts.data(), out->displs.data(), weftUint8, comm_, stream),
+                 "weftAllToAllv");
        },
        [=] { copy_back(target, receive); },
        !opts.asyncOp},

@@ -54,6 +54,8 @@ class WeftWork : public c10d::Work {
   void complete();
 
   void set_event(std::shared_ptr<EventHandle> event) { event_ = std::move(event); }
+  // A member of a coalescing batch: it has no event until the batch ends.
+  void defer() { deferred_ = true; }
   // Runs once the operation passed its event, before the future completes
   // (copies results out of temporaries).
   void set_on_done(std::function<void()> on_done) { on_done_ = std::move(on_done); }
@@ -70,6 +72,7 @@ class WeftWork : public c10d::Work {
   std::function<void()> on_done_;
   std::vector<c10::intrusive_ptr<WeftWork>> children_;  // a coalesced batch's members
   std::chrono::milliseconds timeout_;
+  bool deferred_ = false;
   std::atomic<bool> claimed_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
