@@ -3,7 +3,8 @@
 // thread runs it) and returns a Work whose future completes when the stream
 // passes the operation's event. Collectives share one stream (their order is
 // the program's); sends and receives have a stream each, so an exchange of
-// isend and irecv between two ranks cannot wait on itself.
+// isend and irecv between two ranks cannot wait on itself. A blocking call
+// with nothing queued before it runs in the caller's thread instead.
 #pragma once
 
 #include <weft/weft.h>
