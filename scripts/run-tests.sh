@@ -32,7 +32,7 @@ if [[ ${WEFT_PYTHON:-1} == 1 ]]; then
   if ! "$venv/bin/python" -c 'import torch, pytest; assert torch.__version__.startswith("2.11.0")' \
     2>/dev/null; then
     /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/pip" install torch==2.11.0 pytest
+    "$venv/bin/pip" install torch==2.11.0 numpy pytest
   fi
   WEFT_CMAKE_BUILD_DIR=$PWD/$dir "$venv/bin/pip" install ./python
   "$venv/bin/python" -m pytest python/tests -v
