@@ -94,16 +94,35 @@ TEST(InitFromEnv, OpenMpiVariablesWithMasterAddr) {
       options);
 }
 
-TEST(InitFromEnv, TorchrunVariablesLeaveMasterPortToTheStore) {
-  // torch's store listens on MASTER_PORT; rank 0 must take the next port.
-  int store_port = free_port();
-  int store = socket(AF_INET, SOCK_STREAM, 0);
+// A loopback listener on `port`, or -1 when the port is taken.
+int listen_loopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(store_port);
-  ASSERT_EQ(bind(store, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(store, 4), 0);
+  address.sin_port = htons(port);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || listen(fd, 4) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(InitFromEnv, TorchrunVariablesLeaveMasterPortToTheStore) {
+  // torch's store listens on MASTER_PORT; rank 0 must take the next port,
+  // which is checked free here so that only the rule under test can fail.
+  int store = -1, store_port = 0;
+  for (int attempt = 0; attempt < 20 && store < 0; ++attempt) {
+    store_port = free_loopback_port();
+    store = listen_loopback(store_port);
+    int next = store < 0 ? -1 : listen_loopback(store_port + 1);
+    if (next < 0 && store >= 0) {
+      close(store);
+      store = -1;
+    }
+    if (next >= 0) close(next);
+  }
+  ASSERT_GE(store, 0) << "no free pair of ports";
   std::string port = std::to_string(store_port);
   RunOptions options;
   options.make_unique_id = false;
