@@ -28,8 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import weft_torch  # noqa: E402,F401
+import weft_torch  # noqa: F401  (pip install ./python)
 
 COLLECTIVES = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"]
 
