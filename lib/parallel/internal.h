@@ -1,5 +1,5 @@
 // Private helpers of the adapter layer: argument errors, timing, booking
-// collectives in the ledger, and RAII for Weft streams and events.
+// collectives in the ledger.
 #pragma once
 
 #include <chrono>
@@ -28,18 +28,6 @@ size_t bytes_sent(std::string_view primitive, std::string_view algorithm, int nr
 // The algorithm of the last collective on comm ("" when it cannot be asked).
 std::string last_algorithm(weftComm_t comm);
 
-class Event {
- public:
-  Event() { check(weftEventCreate(&event_)); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() { weftEventDestroy(event_); }
-  weftEvent_t get() const { return event_; }
-
- private:
-  weftEvent_t event_ = nullptr;
-};
-
 // A collective launched on the axis stream, booked when joined: the time
 // from launch to the end of join() is its communication time, the time
 // join() waited is the exposed part. Every adapter collective goes through
@@ -61,7 +49,7 @@ class Inflight {
   void join();
 
  private:
-  Event event_;
+  weft::Event event_;
   const Axis* axis_ = nullptr;
   std::string pattern_, primitive_, algorithm_;
   size_t bytes_ = 0;

@@ -82,9 +82,25 @@ using detail::require;
 using detail::require_size;
 using detail::shard_rows;
 
-Gemm gemm_or_default(const LinearOptions& options) {
-  return options.gemm ? options.gemm : Gemm(naive_gemm);
-}
+// What both linear layers keep: the shape, options, GEMM and saved input.
+struct Linear {
+  const Axis* axis;
+  size_t in, out, local;  // local: this rank's out (column) or in (row) features
+  LinearOptions options;
+  Gemm gemm;
+  size_t tokens = 0;
+  std::vector<float> saved;  // the input (column with SP: this rank's shard)
+  bool forwarded = false;
+
+  Linear(const Axis& a, size_t in_features, size_t out_features, bool split_out, LinearOptions o)
+      : axis(&a),
+        in(in_features),
+        out(out_features),
+        local(split_out ? divided(out_features, a, "out_features")
+                        : divided(in_features, a, "in_features")),
+        options(std::move(o)),
+        gemm(options.gemm ? options.gemm : Gemm(naive_gemm)) {}
+};
 
 }  // namespace
 
@@ -103,31 +119,17 @@ void naive_gemm(bool transpose_a, bool transpose_b, size_t m, size_t n, size_t k
   }
 }
 
-struct ColumnParallelLinear::State {
-  const Axis* axis;
-  size_t in, out, local_out;
-  LinearOptions options;
-  Gemm gemm;
-  size_t tokens = 0;
-  std::vector<float> saved;  // the input (SP: this rank's shard)
-  bool forwarded = false;
+struct ColumnParallelLinear::State : Linear {
+  using Linear::Linear;
 };
 
 ColumnParallelLinear::ColumnParallelLinear(const Axis& axis, size_t in_features,
                                            size_t out_features, LinearOptions options)
-    : state_(std::make_unique<State>()) {
-  State& s = *state_;
-  s.axis = &axis;
-  s.in = in_features;
-  s.out = out_features;
-  s.local_out = divided(out_features, axis, "out_features");
-  s.gemm = gemm_or_default(options);
-  s.options = std::move(options);
-}
+    : state_(std::make_unique<State>(axis, in_features, out_features, true, std::move(options))) {}
 
 ColumnParallelLinear::~ColumnParallelLinear() = default;
 size_t ColumnParallelLinear::local_out() const {
-  return state_->local_out;
+  return state_->local;
 }
 
 void ColumnParallelLinear::forward(std::span<const float> x, size_t tokens,
@@ -137,9 +139,9 @@ void ColumnParallelLinear::forward(std::span<const float> x, size_t tokens,
   const Axis& axis = *s.axis;
   size_t rows = s.options.sequence_parallel ? shard_rows(axis, tokens) : tokens;
   require_size("x", x.size(), rows * s.in);
-  require_size("weight", weight.size(), s.local_out * s.in);
-  require_size("bias", bias.size(), s.options.bias ? s.local_out : 0);
-  require_size("y", y.size(), tokens * (s.options.gather_output ? s.out : s.local_out));
+  require_size("weight", weight.size(), s.local * s.in);
+  require_size("bias", bias.size(), s.options.bias ? s.local : 0);
+  require_size("y", y.size(), tokens * (s.options.gather_output ? s.out : s.local));
   s.tokens = tokens;
   s.saved.assign(x.begin(), x.end());  // copy_to_tp forward: identity
   std::vector<float> gathered;
@@ -150,12 +152,12 @@ void ColumnParallelLinear::forward(std::span<const float> x, size_t tokens,
                             x.size(), gathered.size());
     input = gathered.data();
   }
-  std::vector<float> local(s.options.gather_output ? tokens * s.local_out : 0);
+  std::vector<float> local(s.options.gather_output ? tokens * s.local : 0);
   float* out = s.options.gather_output ? local.data() : y.data();
-  s.gemm(false, true, tokens, s.local_out, s.in, input, weight.data(), out, false);
-  if (s.options.bias) detail::add_bias({out, tokens * s.local_out}, bias, tokens);
+  s.gemm(false, true, tokens, s.local, s.in, input, weight.data(), out, false);
+  if (s.options.bias) detail::add_bias({out, tokens * s.local}, bias, tokens);
   if (s.options.gather_output)
-    gather_from_tp(axis, Pass::forward, view(local.data(), {tokens, s.local_out}),
+    gather_from_tp(axis, Pass::forward, view(local.data(), {tokens, s.local}),
                    view(y.data(), {tokens, s.out}), -1);
   s.forwarded = true;
 }
@@ -167,17 +169,17 @@ void ColumnParallelLinear::backward(std::span<const float> dy, std::span<const f
   const Axis& axis = *s.axis;
   require(s.forwarded, "ColumnParallelLinear::backward without a forward");
   size_t tokens = s.tokens;
-  require_size("dy", dy.size(), tokens * (s.options.gather_output ? s.out : s.local_out));
-  require_size("weight", weight.size(), s.local_out * s.in);
+  require_size("dy", dy.size(), tokens * (s.options.gather_output ? s.out : s.local));
+  require_size("weight", weight.size(), s.local * s.in);
   require_size("dx", dx.size(), s.saved.size());
-  require_size("weight_grad", weight_grad.size(), s.local_out * s.in);
-  require_size("bias_grad", bias_grad.size(), s.options.bias ? s.local_out : 0);
+  require_size("weight_grad", weight_grad.size(), s.local * s.in);
+  require_size("bias_grad", bias_grad.size(), s.options.bias ? s.local : 0);
   std::vector<float> own;
   const float* grad = dy.data();
   if (s.options.gather_output) {  // gather_from_tp backward: this rank's columns
-    own.resize(tokens * s.local_out);
+    own.resize(tokens * s.local);
     gather_from_tp(axis, Pass::backward, view(dy.data(), {tokens, s.out}),
-                   view(own.data(), {tokens, s.local_out}), -1);
+                   view(own.data(), {tokens, s.local}), -1);
     grad = own.data();
   }
   bool parallel = axis.size() > 1;
@@ -187,7 +189,7 @@ void ColumnParallelLinear::backward(std::span<const float> dy, std::span<const f
   detail::Inflight op;
   if (!s.options.sequence_parallel) {
     // dgrad, then its AllReduce overlapped with the wgrad GEMM.
-    s.gemm(false, false, tokens, s.in, s.local_out, grad, weight.data(), dx.data(), false);
+    s.gemm(false, false, tokens, s.in, s.local, grad, weight.data(), dx.data(), false);
     if (parallel) launch_all_reduce(op, axis, "tp.copy_to", dx.data(), dx.size());
   } else {
     // Re-gather the saved shard while the dgrad GEMM runs, then
@@ -198,7 +200,7 @@ void ColumnParallelLinear::backward(std::span<const float> dy, std::span<const f
       launch_all_gather(op, axis, "sp.regather", s.saved.data(), input.data(), s.saved.size());
     else
       input = s.saved;
-    s.gemm(false, false, tokens, s.in, s.local_out, grad, weight.data(), partial.data(), false);
+    s.gemm(false, false, tokens, s.in, s.local, grad, weight.data(), partial.data(), false);
     op.join();
     if (parallel)
       launch_reduce_scatter(op, axis, "sp.gather_from", partial.data(), dx.data(), dx.size());
@@ -206,38 +208,24 @@ void ColumnParallelLinear::backward(std::span<const float> dy, std::span<const f
       std::copy(partial.begin(), partial.end(), dx.begin());
     full_input = input.data();
   }
-  s.gemm(true, false, s.local_out, s.in, tokens, grad, full_input, weight_grad.data(), true);
-  if (s.options.bias)
-    detail::accumulate_column_sums({grad, tokens * s.local_out}, tokens, bias_grad);
+  s.gemm(true, false, s.local, s.in, tokens, grad, full_input, weight_grad.data(), true);
+  if (s.options.bias) detail::accumulate_column_sums({grad, tokens * s.local}, tokens, bias_grad);
   op.join();
 }
 
-struct RowParallelLinear::State {
-  const Axis* axis;
-  size_t in, out, local_in;
-  LinearOptions options;
-  Gemm gemm;
-  size_t tokens = 0;
-  std::vector<float> saved;  // the input [tokens, local_in]
-  bool forwarded = false;
+struct RowParallelLinear::State : Linear {
+  using Linear::Linear;
 };
 
 RowParallelLinear::RowParallelLinear(const Axis& axis, size_t in_features, size_t out_features,
-                                     LinearOptions options)
-    : state_(std::make_unique<State>()) {
-  State& s = *state_;
+                                     LinearOptions options) {
   require(!options.gather_output, "gather_output applies to the column-parallel linear only");
-  s.axis = &axis;
-  s.in = in_features;
-  s.out = out_features;
-  s.local_in = divided(in_features, axis, "in_features");
-  s.gemm = gemm_or_default(options);
-  s.options = std::move(options);
+  state_ = std::make_unique<State>(axis, in_features, out_features, false, std::move(options));
 }
 
 RowParallelLinear::~RowParallelLinear() = default;
 size_t RowParallelLinear::local_in() const {
-  return state_->local_in;
+  return state_->local;
 }
 
 void RowParallelLinear::forward(std::span<const float> x, size_t tokens,
@@ -246,14 +234,14 @@ void RowParallelLinear::forward(std::span<const float> x, size_t tokens,
   State& s = *state_;
   const Axis& axis = *s.axis;
   size_t rows = s.options.sequence_parallel ? shard_rows(axis, tokens) : tokens;
-  require_size("x", x.size(), tokens * s.local_in);
-  require_size("weight", weight.size(), s.out * s.local_in);
+  require_size("x", x.size(), tokens * s.local);
+  require_size("weight", weight.size(), s.out * s.local);
   require_size("bias", bias.size(), s.options.bias ? s.out : 0);
   require_size("y", y.size(), rows * s.out);
   s.tokens = tokens;
   s.saved.assign(x.begin(), x.end());
   std::vector<float> partial(tokens * s.out);
-  s.gemm(false, true, tokens, s.out, s.local_in, x.data(), weight.data(), partial.data(), false);
+  s.gemm(false, true, tokens, s.out, s.local, x.data(), weight.data(), partial.data(), false);
   if (s.options.sequence_parallel)
     detail::fp32_collective(axis, "sp.reduce_scatter_to", "reducescatter", partial.data(), y.data(),
                             partial.size(), y.size());
@@ -273,9 +261,9 @@ void RowParallelLinear::backward(std::span<const float> dy, std::span<const floa
   size_t tokens = s.tokens;
   size_t rows = s.options.sequence_parallel ? tokens / axis.size() : tokens;
   require_size("dy", dy.size(), rows * s.out);
-  require_size("weight", weight.size(), s.out * s.local_in);
-  require_size("dx", dx.size(), tokens * s.local_in);
-  require_size("weight_grad", weight_grad.size(), s.out * s.local_in);
+  require_size("weight", weight.size(), s.out * s.local);
+  require_size("dx", dx.size(), tokens * s.local);
+  require_size("weight_grad", weight_grad.size(), s.out * s.local);
   require_size("bias_grad", bias_grad.size(), s.options.bias ? s.out : 0);
   // The bias gradient is over this rank's rows (SP: a partial sum, see the header).
   if (s.options.bias) detail::accumulate_column_sums(dy, rows, bias_grad);
@@ -287,8 +275,8 @@ void RowParallelLinear::backward(std::span<const float> dy, std::span<const floa
                             dy.size(), gathered.size());
     grad = gathered.data();
   }
-  s.gemm(false, false, tokens, s.local_in, s.out, grad, weight.data(), dx.data(), false);
-  s.gemm(true, false, s.out, s.local_in, tokens, grad, s.saved.data(), weight_grad.data(), true);
+  s.gemm(false, false, tokens, s.local, s.out, grad, weight.data(), dx.data(), false);
+  s.gemm(true, false, s.out, s.local, tokens, grad, s.saved.data(), weight_grad.data(), true);
 }
 
 }  // namespace weft::parallel

@@ -5,6 +5,8 @@
 
 namespace weft::parallel {
 
+// The public API has no element-size query, and the adapters may not reach
+// below it, so the table is written here.
 size_t dtype_bytes(weftDataType_t dtype) {
   switch (dtype) {
     case weftInt8:

@@ -166,6 +166,13 @@ struct Zero::State {
     std::vector<float>().swap(units[b].grads);
   }
 
+  // The bucket of parameter id, after checking that it exists.
+  size_t bucket_checked(size_t id, const char* what) const {
+    require(finalized, std::string(what) + " before finalize()");
+    require(id < names.size(), "param " + std::to_string(id) + " is not registered");
+    return bucket_of[id];
+  }
+
   void require_stage3(const char* what) const {
     require(options.stage == 3, std::string(what) + " is for ZeRO stage 3 (this is stage " +
                                     std::to_string(options.stage) + ")");
@@ -258,9 +265,7 @@ void Zero::finalize() {
 
 std::span<float> Zero::param(size_t id) {
   State& s = *state_;
-  require(s.finalized, "param() before finalize()");
-  require(id < s.names.size(), "param " + std::to_string(id) + " is not registered");
-  size_t b = s.bucket_of[id];
+  size_t b = s.bucket_checked(id, "param()");
   if (s.options.stage < 3)
     return {s.full_params.data() + s.buckets[b].flat + s.offset_in[id], s.numels[id]};
   require(s.units[b].available, "parameter \"" + s.names[id] + "\" of layer " +
@@ -270,9 +275,7 @@ std::span<float> Zero::param(size_t id) {
 
 std::span<float> Zero::grad(size_t id) {
   State& s = *state_;
-  require(s.finalized, "grad() before finalize()");
-  require(id < s.names.size(), "param " + std::to_string(id) + " is not registered");
-  size_t b = s.bucket_of[id];
+  size_t b = s.bucket_checked(id, "grad()");
   if (s.options.stage < 3)
     return {s.full_grads.data() + s.buckets[b].flat + s.offset_in[id], s.numels[id]};
   require(!s.units[b].grads.empty() || s.numels[id] == 0,
@@ -283,10 +286,8 @@ std::span<float> Zero::grad(size_t id) {
 
 void Zero::set_param(size_t id, std::span<const float> value) {
   State& s = *state_;
-  require(s.finalized, "set_param() before finalize()");
-  require(id < s.names.size(), "param " + std::to_string(id) + " is not registered");
+  const Bucket& bucket = s.buckets[s.bucket_checked(id, "set_param()")];
   detail::require_size("value", value.size(), s.numels[id]);
-  const Bucket& bucket = s.buckets[s.bucket_of[id]];
   size_t begin = s.offset_in[id], own = s.rank * bucket.shard;
   if (s.options.stage < 3)
     std::copy(value.begin(), value.end(), s.full_params.begin() + bucket.flat + begin);
@@ -299,8 +300,7 @@ void Zero::set_param(size_t id, std::span<const float> value) {
 
 void Zero::mark_ready(size_t id) {
   State& s = *state_;
-  require(s.finalized, "mark_ready() before finalize()");
-  require(id < s.names.size(), "param " + std::to_string(id) + " is not registered");
+  s.bucket_checked(id, "mark_ready()");
   require(!s.ready[id], "parameter \"" + s.names[id] + "\" marked ready twice in a step");
   s.ready[id] = true;
   if (s.options.stage != 2) return;  // stage 1 reduces in step(), stage 3 in backward_end()

@@ -124,15 +124,6 @@ TEST_P(Bucketing, BucketsAreViewsLaunchedInOrderAndExact) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Bucketing, ::testing::Values(1, 2, 3));
 
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error for " << text;
-  } catch (const weft::Error& error) {
-    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
-  }
-}
-
 TEST(BucketingErrors, BadInputIsNamedAndNothingHangs) {
   run_ranks(2, [](const RankContext& context) {
     weft::Comm world = world_of(context);

@@ -85,16 +85,6 @@ TEST(Mesh, GroupsForSeveralOrdersAndSizes) {
   });
 }
 
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error for " << text;
-  } catch (const weft::Error& error) {
-    EXPECT_EQ(error.code(), weftInvalidArgument) << error.what();
-    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
-  }
-}
-
 TEST(Mesh, BadShapesAreNamedAndNothingHangs) {
   run_ranks(4, [](const RankContext& context) {
     weft::Comm world = world_of(context);

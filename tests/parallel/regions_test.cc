@@ -218,15 +218,6 @@ TEST(RegionErrors, BadShapesAndSizesAreNamedWithoutHanging) {
     parallel::Mesh mesh(world, shape);
     Axis tp(mesh, "tp");
     std::vector<float> a(12), b(5);
-    auto expect_error = [](const std::function<void()>& f, const char* text) {
-      try {
-        f();
-        ADD_FAILURE() << "no error for " << text;
-      } catch (const weft::Error& error) {
-        EXPECT_EQ(error.code(), weftInvalidArgument);
-        EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
-      }
-    };
     // Every check fails before any communication, on every rank alike.
     expect_error(
         [&] {

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "support/multirank.h"
@@ -44,6 +46,17 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
   }
   EXPECT_LE(worst, tolerance) << what << ": element " << at << " is " << got[at] << ", expected "
                               << want[at];
+}
+
+// f throws a weft::Error (weftInvalidArgument) whose message contains text.
+inline void expect_error(const std::function<void()>& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no error for " << text;
+  } catch (const weft::Error& error) {
+    EXPECT_EQ(error.code(), weftInvalidArgument) << error.what();
+    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace weft::testing

@@ -169,15 +169,6 @@ TEST(ZeroHybrid, ShardWithinReplicasAllReduceAcross) {
   });
 }
 
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error for " << text;
-  } catch (const weft::Error& error) {
-    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
-  }
-}
-
 TEST(ZeroErrors, BadInputIsNamedAndNothingHangs) {
   run_ranks(2, [](const RankContext& context) {
     weft::Comm world = world_of(context);
