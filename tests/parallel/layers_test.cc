@@ -166,9 +166,7 @@ class Layers : public ::testing::TestWithParam<int> {};
 TEST_P(Layers, MatchTheDenseComputation) {
   run_ranks(GetParam(), [](const RankContext& context) {
     weft::Comm world = world_of(context);
-    parallel::MeshShape shape;
-    shape.tp = context.nranks;
-    parallel::Mesh mesh(world, shape);
+    parallel::Mesh mesh = tp_mesh(world);
     parallel::Ledger ledger;
     Axis tp(mesh, "tp", &ledger);
     for (bool sp : {false, true}) {
@@ -201,9 +199,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Layers, ::testing::Values(1, 2, 3, 4));
 TEST(LayerErrors, IndivisibleFeaturesAndTokensAreNamed) {
   run_ranks(3, [](const RankContext& context) {
     weft::Comm world = world_of(context);
-    parallel::MeshShape shape;
-    shape.tp = 3;
-    parallel::Mesh mesh(world, shape);
+    parallel::Mesh mesh = tp_mesh(world);
     Axis tp(mesh, "tp");
     expect_error([&] { parallel::ColumnParallelLinear bad(tp, 4, 10); },
                  "out_features=10 does not divide by the 3 ranks");

@@ -185,9 +185,7 @@ TEST_P(Regions, ForwardAndBackwardMatchTheDenseComputation) {
   int nranks = GetParam();
   run_ranks(nranks, [](const RankContext& context) {
     weft::Comm world = world_of(context);
-    parallel::MeshShape shape;
-    shape.tp = context.nranks;
-    parallel::Mesh mesh(world, shape);
+    parallel::Mesh mesh = tp_mesh(world);
     parallel::Ledger ledger;
     Axis tp(mesh, "tp", &ledger);
     ASSERT_EQ(tp.size(), context.nranks);
@@ -213,9 +211,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Regions, ::testing::Values(1, 2, 3, 4, 8));
 TEST(RegionErrors, BadShapesAndSizesAreNamedWithoutHanging) {
   run_ranks(2, [](const RankContext& context) {
     weft::Comm world = world_of(context);
-    parallel::MeshShape shape;
-    shape.tp = 2;
-    parallel::Mesh mesh(world, shape);
+    parallel::Mesh mesh = tp_mesh(world);
     Axis tp(mesh, "tp");
     std::vector<float> a(12), b(5);
     // Every check fails before any communication, on every rank alike.

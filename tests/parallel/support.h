@@ -20,6 +20,13 @@ inline weft::Comm world_of(const RankContext& context) {
                           weft::Config().timeout_ms(60000));
 }
 
+// A mesh with every rank on tp.
+inline parallel::Mesh tp_mesh(const weft::Comm& world) {
+  parallel::MeshShape shape;
+  shape.tp = world.size();
+  return parallel::Mesh(world, shape);
+}
+
 // Values in [-1, 1) from a seed, the same on every rank.
 inline std::vector<float> random_floats(size_t count, uint64_t seed) {
   std::vector<float> values(count);

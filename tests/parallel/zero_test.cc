@@ -91,6 +91,19 @@ void run_case(const RankContext& context, const weft::Comm& world, const Setup& 
                    (what + " " + when + " p" + std::to_string(p)).c_str());
     }
   };
+  // Stage 3: every unit gathered in turn, its parameters checked, freed.
+  auto forward_pass = [&](const char* when) {
+    for (int layer = 0; layer <= 2; ++layer) {
+      zero.forward_begin(layer);
+      for (size_t p = 0; p < kNumels.size(); ++p)
+        if (kLayers[p] == layer) {
+          auto got = zero.param(p);
+          expect_close(std::vector<float>(got.begin(), got.end()), reference.params[p],
+                       setup.average ? 1e-6 : 0.0, (what + " " + when).c_str());
+        }
+      zero.forward_end(layer);
+    }
+  };
   auto fill_grad = [&](size_t p, int step) {
     auto g = zero.grad(p);
     for (size_t i = 0; i < g.size(); ++i) g[i] = grad_value(rank, p, i, step);
@@ -102,15 +115,7 @@ void run_case(const RankContext& context, const weft::Comm& world, const Setup& 
       compare_params("before the step");
       for (size_t p = kNumels.size(); p-- > 0;) fill_grad(p, step);
     } else {
-      for (int layer = 0; layer <= 2; ++layer) {
-        zero.forward_begin(layer);
-        for (size_t p = 0; p < kNumels.size(); ++p)
-          if (kLayers[p] == layer) {
-            auto got = zero.param(p);
-            EXPECT_EQ(std::vector<float>(got.begin(), got.end()), reference.params[p]) << what;
-          }
-        zero.forward_end(layer);
-      }
+      forward_pass("in forward");
       for (int layer = 2; layer >= 0; --layer) {
         zero.backward_begin(layer);
         for (size_t p = kNumels.size(); p-- > 0;)
@@ -136,16 +141,7 @@ void run_case(const RankContext& context, const weft::Comm& world, const Setup& 
   if (setup.stage < 3) {
     compare_params("after the last step");
   } else {
-    for (int layer = 0; layer <= 2; ++layer) {
-      zero.forward_begin(layer);
-      for (size_t p = 0; p < kNumels.size(); ++p)
-        if (kLayers[p] == layer) {
-          auto got = zero.param(p);
-          expect_close(std::vector<float>(got.begin(), got.end()), reference.params[p],
-                       setup.average ? 1e-6 : 0.0, (what + " after").c_str());
-        }
-      zero.forward_end(layer);
-    }
+    forward_pass("after the last step");
   }
 }
 
