@@ -73,12 +73,17 @@ Inflight::~Inflight() {
 
 void blocking(const Axis& axis, std::string_view pattern, std::string_view primitive, size_t bytes,
               const Inflight::Enqueue& enqueue, size_t sent) {
-  // The stream runs in order, so waiting for all of it is waiting for this
-  // call (and needs no event).
+  // With nothing queued on the group's stream the call runs on this thread
+  // (no hand-off to the progress thread): it is still issued after all the
+  // group's earlier work. Otherwise it queues behind that work, and waiting
+  // for the whole stream is waiting for it.
   double start = now_s();
-  check(enqueue(axis.comm(), axis.stream()));
+  weftResult_t idle = weftStreamQuery(axis.stream());
+  if (idle != weftInProgress) check(idle);
+  weftStream_t stream = idle == weftSuccess ? nullptr : axis.stream();
+  check(enqueue(axis.comm(), stream));
   std::string algorithm = last_algorithm(axis.comm());
-  check(weftStreamSynchronize(axis.stream()));
+  if (stream != nullptr) check(weftStreamSynchronize(stream));
   double elapsed = now_s() - start;
   if (axis.ledger() == nullptr) return;
   if (sent == 0) sent = bytes_sent(primitive, algorithm, axis.size(), bytes);
