@@ -73,17 +73,12 @@ Inflight::~Inflight() {
 
 void blocking(const Axis& axis, std::string_view pattern, std::string_view primitive, size_t bytes,
               const Inflight::Enqueue& enqueue, size_t sent) {
-  // With nothing queued on the group's stream the call runs on this thread
-  // (no hand-off to the progress thread): it is still issued after all the
-  // group's earlier work. Otherwise it queues behind that work, and waiting
-  // for the whole stream is waiting for it.
+  // The stream runs in order, so waiting for all of it is waiting for this
+  // call (and needs no event).
   double start = now_s();
-  weftResult_t idle = weftStreamQuery(axis.stream());
-  if (idle != weftInProgress) check(idle);
-  weftStream_t stream = idle == weftSuccess ? nullptr : axis.stream();
-  check(enqueue(axis.comm(), stream));
+  check(enqueue(axis.comm(), axis.stream()));
   std::string algorithm = last_algorithm(axis.comm());
-  if (stream != nullptr) check(weftStreamSynchronize(stream));
+  check(weftStreamSynchronize(axis.stream()));
   double elapsed = now_s() - start;
   if (axis.ledger() == nullptr) return;
   if (sent == 0) sent = bytes_sent(primitive, algorithm, axis.size(), bytes);

@@ -31,9 +31,8 @@ std::string last_algorithm(weftComm_t comm);
 // A collective launched on the axis stream, booked when joined: the time
 // from launch to the end of join() is its communication time, the time
 // join() waited is the exposed part. Every adapter collective goes through
-// the stream of its group (or runs at once when that stream is idle), so the
-// calls on one communicator run in the order they were issued on every
-// rank, blocking or not.
+// the stream of its group, so the calls on one communicator run in the order
+// they were issued on every rank, blocking or not.
 class Inflight {
  public:
   using Enqueue = std::function<weftResult_t(weftComm_t, weftStream_t)>;
@@ -84,8 +83,7 @@ void copy_slab(const Tensor& in, int dim, size_t offset, const Tensor& out);
 void add_bias(std::span<float> y, std::span<const float> bias, size_t rows);
 void accumulate_column_sums(std::span<const float> dy, size_t rows, std::span<float> sums);
 
-// A blocking collective: run at once when the axis stream is idle, else
-// queued behind its work and waited for.
+// A blocking collective: launched on the axis stream and joined.
 void blocking(const Axis& axis, std::string_view pattern, std::string_view primitive, size_t bytes,
               const Inflight::Enqueue& enqueue, size_t sent = 0);
 
