@@ -39,7 +39,8 @@ if [[ ${WEFT_SANITIZERS:-1} == 1 ]]; then
   # UCX's memory hooks patch the allocator, which TSan's interceptors cannot share.
   configure build-tsan -DWEFT_SANITIZE=thread
   cmake --build build-tsan -j "$jobs" --target weftrun weft_p2p_test weft_comm_test \
-    weft_failure_test weft_stream_test weft_direct_test weft_register_test weft_cma_test
+    weft_failure_test weft_departure_test weft_stream_test weft_direct_test weft_register_test \
+    weft_cma_test weft_nccl_tests
   UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -L threads
 fi

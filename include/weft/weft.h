@@ -139,6 +139,12 @@ WEFT_API weftResult_t weftCommFinalize(weftComm_t comm);
 WEFT_API weftResult_t weftCommDestroy(weftComm_t comm);
 /* Abandons outstanding work and frees the communicator; always returns. */
 WEFT_API weftResult_t weftCommAbort(weftComm_t comm);
+/* Weft extension: fails comm as weftCommAbort does (calls waiting on it
+ * return an error, peers are told) without freeing it, so it may come from
+ * another thread while a call on comm runs; free comm afterwards with
+ * weftCommAbort or weftCommDestroy (the NCCL shim's ncclCommAbort and
+ * ncclCommRevoke). */
+WEFT_API weftResult_t weftCommRevoke(weftComm_t comm);
 /* weftSuccess while healthy; otherwise the error that failed the communicator. */
 WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
 /* Weft extension: the algorithm the tuner chose for the last collective
@@ -148,6 +154,13 @@ WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* async
  * runs the model, so ask outside timed loops). */
 WEFT_API weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm,
                                             double* predictedUs);
+/* Weft extension: the cost model's time in microseconds for `collective`
+ * (a WEFT_ALGO name: "allreduce", "allgather", ...) of `bytes` (its count
+ * times the element size) on comm, with the algorithm the tuner would pick;
+ * negative when it cannot be modelled. Launches nothing (the NCCL shim's
+ * ncclGroupSimulateEnd). */
+WEFT_API weftResult_t weftCommPredictTime(weftComm_t comm, const char* collective, size_t bytes,
+                                          double* predictedUs);
 
 /* Point to point. Inside weftGroupStart/End, sends and receives are posted
  * together so that exchange patterns cannot deadlock. */

@@ -317,6 +317,31 @@ weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm, doub
   return report(run(), __func__);
 }
 
+weftResult_t weftCommPredictTime(weftComm_t comm, const char* collective, size_t bytes,
+                                 double* predicted_us) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(collective, "collective"));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(predicted_us, "predictedUs"));
+    Coll kind;
+    if (!weft::algo::parse_collective(collective, &kind))
+      return Error(weftInvalidArgument, "collective '%s' is not a collective name", collective);
+    // The tuner's choice: the fastest candidate, or the forced one (WEFT_ALGO).
+    weft::algo::Algorithm forced;
+    const bool is_forced = impl->tuner().context().overrides.find(kind, bytes, &forced);
+    *predicted_us = -1;
+    for (const weft::Candidate& candidate : impl->tuner().candidates(kind, bytes)) {
+      if (!is_forced || candidate.algorithm == forced) {
+        *predicted_us = candidate.time_us;
+        break;
+      }
+    }
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
 weftResult_t weftCommUserRank(const weftComm_t comm, int* rank) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
@@ -358,6 +383,16 @@ weftResult_t weftCommAbort(weftComm_t comm) {
     impl->abort();  // queued stream work fails promptly
     weft::StreamEngine::instance().wait_for_comm(impl);
     weft::retire_comm(comm);
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommRevoke(weftComm_t comm) {
+  auto run = [&]() -> Status {
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    impl->abort();  // fails every wait on comm; freeing is left to abort or destroy
     return Status::Ok();
   };
   return report(run(), __func__);

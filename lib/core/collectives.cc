@@ -295,6 +295,11 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   }
   job.tag_kind = TagKind::Collective;
   job.what = name_of(call.collective);
+  job.shape.collective = call.collective;
+  job.shape.dtype = call.dtype;
+  job.shape.op = is_reduction(call.collective) ? (premul != nullptr ? weftNumOps : call.op) : 0;
+  job.shape.root = params.root;
+  job.shape.count = call.count;
   WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s chunk %llu in-place %d",
            name_of(call.collective), static_cast<unsigned long long>(call.count),
            dtype_name(call.dtype), algo::algorithm_name(plan.algorithm),

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/dtype.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "core/executor.h"
@@ -139,9 +140,18 @@ struct DirectState::Control {
   std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0}, offer_bytes{0};
   // The last zero-copy op in which this rank finished reading its peers' inputs.
   alignas(kLine) std::atomic<uint64_t> done{0};
+  // The last kAnnounced collectives this rank launched, slot sequence % kAnnounced:
+  // `sequence` holds sequence + 1 once `count` and `shape` are written (0 while
+  // they change), so a reader that sees the same value before and after reading
+  // them has a consistent announcement.
+  static constexpr uint64_t kAnnounced = 8;
+  struct Announced {
+    std::atomic<uint64_t> sequence{0}, count{0}, shape{0};
+  };
+  alignas(kLine) Announced announced[kAnnounced];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
-constexpr size_t kControlBytes = 256;  // keeps the staging well aligned
+constexpr size_t kControlBytes = 512;  // keeps the staging well aligned
 static_assert(sizeof(DirectState::Control) <= kControlBytes);
 
 struct DirectState::Offer {
@@ -255,6 +265,66 @@ void DirectState::ring_peers() const {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int q = 0; q < nranks_; ++q)
     if (q != rank_) controls_[q]->bell.ring_fenced();
+}
+
+namespace {
+uint64_t pack_shape(const CallShape& call) {
+  return static_cast<uint64_t>(call.collective) | static_cast<uint64_t>(call.dtype) << 8 |
+         static_cast<uint64_t>(call.op & 0xff) << 16 |
+         static_cast<uint64_t>(static_cast<uint32_t>(call.root)) << 32;
+}
+CallShape unpack_shape(uint64_t shape, uint64_t count) {
+  CallShape call;
+  call.collective = static_cast<algo::Collective>(shape & 0xff);
+  call.dtype = static_cast<weftDataType_t>((shape >> 8) & 0xff);
+  call.op = static_cast<int>((shape >> 16) & 0xff);
+  call.root = static_cast<int>(static_cast<uint32_t>(shape >> 32));
+  call.count = count;
+  return call;
+}
+}  // namespace
+
+std::string describe_call(const CallShape& call) {
+  static const char* const kOps[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  std::string text = algo::collective_name(call.collective);
+  text += "(count=" + std::to_string(call.count) + ", " + dtype_name(call.dtype);
+  bool reduction = call.collective == algo::Collective::AllReduce ||
+                   call.collective == algo::Collective::ReduceScatter ||
+                   call.collective == algo::Collective::Reduce;
+  if (reduction) text += std::string(", ") + (call.op >= 0 && call.op <= 5 ? kOps[call.op] : "?");
+  bool rooted = call.collective == algo::Collective::Broadcast ||
+                call.collective == algo::Collective::Reduce ||
+                call.collective == algo::Collective::Gather ||
+                call.collective == algo::Collective::Scatter;
+  if (rooted) text += ", root " + std::to_string(call.root);
+  return text + ")";
+}
+
+void DirectState::announce(uint64_t sequence, const CallShape& call) {
+  Control::Announced& slot = control(rank_).announced[sequence % Control::kAnnounced];
+  slot.sequence.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  slot.count.store(call.count, std::memory_order_relaxed);
+  slot.shape.store(pack_shape(call), std::memory_order_relaxed);
+  slot.sequence.store(sequence + 1, std::memory_order_release);
+}
+
+std::string DirectState::mismatch(uint64_t sequence, const CallShape& call) const {
+  const uint64_t mine = pack_shape(call);
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) continue;
+    const Control::Announced& slot = controls_[q]->announced[sequence % Control::kAnnounced];
+    if (slot.sequence.load(std::memory_order_acquire) != sequence + 1) continue;
+    uint64_t count = slot.count.load(std::memory_order_relaxed);
+    uint64_t shape = slot.shape.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.sequence.load(std::memory_order_relaxed) != sequence + 1) continue;  // rewritten
+    if (count == call.count && shape == mine) continue;
+    return "mismatched collectives: rank " + std::to_string(q) + " called " +
+           describe_call(unpack_shape(shape, count)) + " while rank " + std::to_string(rank_) +
+           " called " + describe_call(call) + ", sequence " + std::to_string(sequence);
+  }
+  return "";
 }
 
 bool DirectState::peers_ready(uint64_t round, bool* more) const {

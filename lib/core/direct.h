@@ -55,6 +55,19 @@ namespace weft {
 
 struct Job;
 
+// What a collective call was, as every rank must have called it: peers
+// compare theirs to find mismatched calls (DirectState::announce).
+struct CallShape {
+  algo::Collective collective = algo::Collective::AllReduce;
+  weftDataType_t dtype = weftUint8;
+  int op = 0;  // weftRedOp_t; every pre-multiplied sum counts as weftNumOps
+  int root = 0;
+  uint64_t count = 0;
+  friend bool operator==(const CallShape&, const CallShape&) = default;
+};
+// "AllReduce(count=1000, float, sum)".
+std::string describe_call(const CallShape& call);
+
 // What a direct job computes (copied from the call, so that a job queued on a
 // stream does not depend on the caller's count arrays).
 struct DirectCall {
@@ -113,6 +126,15 @@ class DirectState {
   // input or its pre-multiplied staging.
   bool advance(const Job& job, const std::byte* input, DirectRun* run, bool* progressed);
   std::string describe(const DirectRun& run) const;
+
+  // Mismatch detection: every collective this rank launches on a shared
+  // communicator is announced in its control block by sequence number; a rank
+  // waiting for its peers compares what they announced for the same sequence
+  // with its own call. Costs a few stores per launch and loads while waiting.
+  void announce(uint64_t sequence, const CallShape& call);
+  // A message naming the first peer that announced another call for
+  // `sequence`, and both calls; "" when every announcement seen agrees.
+  std::string mismatch(uint64_t sequence, const CallShape& call) const;
 
   // This rank's doorbell: peers ring it after publishing.
   shm::Doorbell* doorbell() { return bell_.load(std::memory_order_acquire); }

@@ -21,6 +21,21 @@ size_t aligned(size_t bytes) {
   return (bytes + kAlignment - 1) / kAlignment * kAlignment;
 }
 
+// Fails the job's communicator if a peer announced another call for the job's sequence.
+Status check_mismatch(const Job& job) {
+  if (job.tag_kind != TagKind::Collective || !job.comm->direct()->shared()) return Status::Ok();
+  std::string why = job.comm->direct()->mismatch(job.sequence, job.shape);
+  if (why.empty()) return Status::Ok();
+  job.comm->fail(weftInvalidUsage, why);
+  return Status(weftInvalidUsage, why);
+}
+
+// A transfer that failed because a peer called another collective (and left
+// once it found out) reports the mismatch, not the transport's error.
+Status root_cause(const Job& job, const Status& failure) {
+  Status mismatch = check_mismatch(job);
+  return mismatch.ok() ? failure : mismatch;
+}
 }  // namespace
 
 std::byte* JobRunner::grow_buffer(size_t bytes) {
@@ -201,7 +216,7 @@ Status JobRunner::advance(bool* progressed) {
       if (!posted.ok()) {
         jobs_[j].comm->fail(posted.code(), posted.message());
         abandon();
-        return posted;
+        return root_cause(jobs_[j], posted);
       }
     }
     if (!state.ready_compute.empty()) {
@@ -243,7 +258,7 @@ Status JobRunner::advance(bool* progressed) {
     in_flight_.pop_back();
     if (!status.ok()) {
       abandon();
-      return status;
+      return root_cause(jobs_[job], status);
     }
     complete_step(job, step);
     *progressed = true;
@@ -257,6 +272,12 @@ Status JobRunner::advance(bool* progressed) {
       *progressed = true;
       if (state.total > 0) continue;  // an empty program is done at once
     }
+    // A call that ran against a peer's different call may have completed with
+    // garbage (same sizes): it fails instead.
+    if (Status same = check_mismatch(jobs_[j]); !same.ok()) {
+      abandon();
+      return same;
+    }
     const JobMath& math = jobs_[j].math;
     if (math.divisor != 0 && math.divide_count != 0) {
       std::byte* range = jobs_[j].output + math.divide_offset * math.element_size;
@@ -266,6 +287,7 @@ Status JobRunner::advance(bool* progressed) {
     --unfinished_jobs_;
     *progressed = true;
   }
+  if (!*progressed && unfinished_jobs_ > 0) check_mismatches();
   // A failure matters only to work still unfinished: what completed, completed.
   if (unfinished_jobs_ > 0) {
     for (Communicator* comm : comms_) {
@@ -277,6 +299,12 @@ Status JobRunner::advance(bool* progressed) {
     }
   }
   return Status::Ok();
+}
+
+void JobRunner::check_mismatches() {
+  for (size_t j = 0; j < jobs_.size(); ++j)
+    if (states_[j].total != 0 && states_[j].completed != states_[j].total)
+      (void)check_mismatch(jobs_[j]);  // fails the communicator, seen below
 }
 
 void assign_direct_tickets(std::span<Job> jobs) {

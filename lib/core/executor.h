@@ -73,6 +73,10 @@ struct Job {
   JobStage* next_stage = nullptr;
   // The collective's name (static), for messages.
   const char* what = "";
+  // A collective's call as every rank must make it, and its number among the
+  // communicator's collectives (set at launch): peers compare them.
+  CallShape shape;
+  uint64_t sequence = 0;
 };
 
 // Jobs about to run together, with the programs they use kept alive.
@@ -127,6 +131,8 @@ class JobRunner {
   bool direct_waiting() const { return direct_bell_ != nullptr; }
 
  private:
+  // Fails the communicator of any waiting collective whose peers announced another call.
+  void check_mismatches();
   struct JobState {
     std::vector<uint32_t> remaining;  // unfinished dependencies per step
     std::vector<uint32_t> ready_comm, ready_compute;

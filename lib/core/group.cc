@@ -26,8 +26,10 @@ GroupState& group_state() {
 void assign_sequences(JobBatch& batch) {
   for (Job& job : batch.jobs) {
     if (job.tag_kind == TagKind::Collective) {
-      job.sequence_base = (job.comm->next_collective_sequence() & 0xFFFF) << 20;
+      job.sequence = job.comm->next_collective_sequence();
+      job.sequence_base = (job.sequence & 0xFFFF) << 20;
       job.comm->note_launch(job.what);
+      if (job.comm->direct()->shared()) job.comm->direct()->announce(job.sequence, job.shape);
     } else {
       int peer = job.single_step.peer;
       job.sequence_base = job.single_step.kind == algo::StepKind::Send
