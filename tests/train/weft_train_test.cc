@@ -74,7 +74,9 @@ TEST_P(MatrixTest, MatchesTheReference) {
     EXPECT_LE(rel, 1e-5) << key << "\n" << run.out;
   }
   // The ledger was not empty: the run did communicate.
-  if (c.ranks > 1) EXPECT_NE(run.out.find("\"calls\":"), std::string::npos) << run.out;
+  if (c.ranks > 1) {
+    EXPECT_NE(run.out.find("\"calls\":"), std::string::npos) << run.out;
+  }
 }
 
 // Small enough to keep the suite well under two minutes on two cores.
