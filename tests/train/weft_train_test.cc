@@ -21,12 +21,19 @@ struct Outcome {
   int exit_code = -1;
   std::string out;  // stdout and stderr together
   double seconds = 0;
-  std::string last_line() const {
+  // weft-train's last line (weftrun's own report of a failed rank left out); empty unless
+  // it is the one verdict line of the run.
+  std::string verdict() const {
     std::istringstream in(out);
     std::string line, last;
-    while (std::getline(in, line))
-      if (!line.empty()) last = line;
-    return last;
+    int verdicts = 0;
+    while (std::getline(in, line)) {
+      if (line.empty() || line.rfind("weftrun: ", 0) == 0) continue;
+      last = line;
+      verdicts +=
+          line.rfind("# weft-train: PASS", 0) == 0 || line.rfind("# weft-train: FAIL", 0) == 0;
+    }
+    return verdicts == 1 ? last : "";
   }
 };
 
@@ -66,7 +73,7 @@ TEST_P(MatrixTest, MatchesTheReference) {
   const Case& c = GetParam();
   const Outcome run = weft_train(c.ranks, c.args + " --json");
   ASSERT_EQ(run.exit_code, 0) << run.out;
-  EXPECT_EQ(run.last_line(), "# weft-train: PASS") << run.out;
+  EXPECT_EQ(run.verdict(), "# weft-train: PASS") << run.out;
   EXPECT_NE(run.out.find("\"pass\":true"), std::string::npos) << run.out;
   for (const char* key : {"loss", "grads", "params"}) {
     const double rel = json_number(run.out, key);
@@ -127,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(WeftTrainTest, PerturbedGradientFails) {
   const Outcome run = weft_train(2, "--dp 2 --debug-perturb-grad");
   EXPECT_NE(run.exit_code, 0) << run.out;
-  EXPECT_EQ(run.last_line().rfind("# weft-train: FAIL: ", 0), 0u) << run.out;
+  EXPECT_EQ(run.verdict().rfind("# weft-train: FAIL: ", 0), 0u) << run.out;
 }
 
 TEST(WeftTrainTest, PrintsOneLossPerStepAndTheLedgerWithExpected) {
@@ -138,7 +145,7 @@ TEST(WeftTrainTest, PrintsOneLossPerStepAndTheLedgerWithExpected) {
         << run.out;
   EXPECT_NE(run.out.find("max relative difference"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("# profile"), std::string::npos) << run.out;
-  EXPECT_EQ(run.last_line(), "# weft-train: PASS") << run.out;
+  EXPECT_EQ(run.verdict(), "# weft-train: PASS") << run.out;
 }
 
 }  // namespace

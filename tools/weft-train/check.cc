@@ -17,7 +17,7 @@ struct TensorDiff {
   double max_err = 0, max_ref = 0;
   void add(double got, double want) {
     max_err = std::max(max_err, std::isnan(got) ? INFINITY : std::abs(got - want));
-    max_ref = std::max(max_ref, std::abs(want));
+    max_ref = std::max(max_ref, std::abs(want));  // max_ref may start at a larger scale
   }
   double relative() const { return max_err == 0 ? 0 : max_err / std::max(max_ref, 1e-30); }
 };
@@ -78,9 +78,16 @@ Verdict verify(const std::vector<ParamSpec>& specs, const std::vector<RankReport
 
   for (const RankReport& r : ranks)
     for (float x : r.reduced) verdict.has_reduced |= !std::isnan(x);
+  // Parameters are compared relative to the model's largest: Adam's step g/(|g| + eps) is
+  // ill-conditioned for gradients near zero, and tensors initialised at zero (layernorm
+  // biases) then hold values of the order of lr only, so a per-tensor ratio would measure
+  // that conditioning rather than the distributed run.
+  double max_param = 0;
+  for (float p : ref_params) max_param = std::max(max_param, double(std::abs(p)));
   size_t offset = 0;
   for (const ParamSpec& spec : specs) {
     TensorDiff grads, reduced, params;
+    params.max_ref = max_param;
     for (size_t e = offset; e < offset + spec.size(); ++e) {
       if (verdict.failures.size() >= max_failures) break;
       const std::string at = spec.name + "[" + std::to_string(e - offset) + "]";

@@ -19,7 +19,9 @@ struct RankReport {
 };
 
 struct Worst {
-  double value = 0;  // max |distributed − reference| / max |reference| over one tensor
+  // max |distributed − reference| / max |reference| over one tensor (parameters: over the
+  // whole model)
+  double value = 0;
   std::string where;
 };
 
