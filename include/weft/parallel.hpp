@@ -120,6 +120,10 @@ class Mesh {
   int size(std::string_view dims) const;   // product of the sizes
   int coord(std::string_view dims) const;  // this rank's index in group(dims)
   weftComm_t group(std::string_view dims) const;
+  // The stream every adapter collective on group(dims) is enqueued on (one
+  // per group, so calls on a communicator keep their order). Enqueue your own
+  // collectives on a group here too while adapters may have work in flight.
+  weftStream_t stream(std::string_view dims) const;
   // World ranks of the group containing world rank `rank`, in group order.
   std::vector<int> group_ranks(std::string_view dims, int rank) const;
 
@@ -127,6 +131,7 @@ class Mesh {
   int expert_size(std::string_view dims) const;
   int expert_coord(std::string_view dims) const;
   weftComm_t expert_group(std::string_view dims) const;
+  weftStream_t expert_stream(std::string_view dims) const;
   std::vector<int> expert_group_ranks(std::string_view dims, int rank) const;
 
   // Placement (TP on the fastest links: a TP group should not cross nodes
@@ -142,13 +147,16 @@ class Mesh {
   std::unique_ptr<State> state_;
 };
 
-// A group of the mesh, the stream its asynchronous collectives run on (owned
-// here) and the ledger its traffic is booked in (may be null). Adapters take
-// an Axis so the same code serves "tp", "dp-cp" or an expert group.
+// A group of the mesh, the stream its collectives run on (the mesh's for
+// that group) and the ledger its traffic is booked in (may be null); booked
+// under the dims as given ("tp", "dp-cp"). Adapters take an Axis so the same
+// code serves "tp", "dp-cp" or an expert group. The mesh must outlive it.
 class Axis {
  public:
   Axis(const Mesh& mesh, std::string_view dims, Ledger* ledger = nullptr);
-  // Any communicator, booked under `name`.
+  // A group of the expert view, booked as "expert:" + dims.
+  static Axis expert(const Mesh& mesh, std::string_view dims, Ledger* ledger = nullptr);
+  // Any communicator (with a stream of its own), booked under `name`.
   Axis(weftComm_t comm, std::string name, Ledger* ledger = nullptr);
   ~Axis();
   Axis(Axis&&) noexcept;
@@ -163,6 +171,7 @@ class Axis {
 
  private:
   struct State;
+  explicit Axis(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
 
