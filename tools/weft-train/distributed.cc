@@ -30,6 +30,7 @@ MeshPlan plan_mesh(const Config& c, const Parallelism& p, int world) {
   if (p.dp < 0) return fail("--dp " + std::to_string(p.dp) + " must be >= 1");
   if (p.zero < 0 || p.zero > 3) return fail("--zero " + std::to_string(p.zero) + " is not 0-3");
   if (p.hsdp < 1) return fail("--hsdp " + std::to_string(p.hsdp) + " must be >= 1");
+  if (p.bucket_kb < 0) return fail("--bucket-kb " + std::to_string(p.bucket_kb) + " must be >= 0");
   if (world % p.tp != 0)
     return fail("--tp " + std::to_string(p.tp) + " does not divide the world size " +
                 std::to_string(world));
@@ -68,6 +69,7 @@ par::ModelConfig ledger_model(const Config& c, const Parallelism& p, int dp) {
   m.vocab = c.vocab, m.seq = c.seq, m.batch = c.batch / dp;
   m.dp = dp, m.tp = p.tp, m.sp = p.sp, m.zero = p.zero, m.hsdp = p.hsdp;
   m.steps = c.steps;
+  if (p.bucket_kb > 0) m.bucket_bytes = m.first_bucket_bytes = size_t(p.bucket_kb) << 10;
   return m;
 }
 
@@ -121,10 +123,14 @@ Distributed::Distributed(const Config& config, const Parallelism& p, int dp, wef
   adam_.lr = reference_adam.lr, adam_.beta1 = reference_adam.beta1;
   adam_.beta2 = reference_adam.beta2, adam_.eps = reference_adam.eps;
   if (p.zero == 0) {
-    ddp_ = std::make_unique<par::DataParallel>(par::Axis(*mesh_, "dp", &ledger_));
+    par::BucketOptions buckets;
+    if (p.bucket_kb > 0)
+      buckets.bucket_bytes = buckets.first_bucket_bytes = size_t(p.bucket_kb) << 10;
+    ddp_ = std::make_unique<par::DataParallel>(par::Axis(*mesh_, "dp", &ledger_), buckets);
   } else {
     par::ZeroOptions options;
     options.stage = p.zero, options.adam = adam_;
+    if (p.bucket_kb > 0) options.bucket_bytes = size_t(p.bucket_kb) << 10;
     if (p.hsdp > 1)
       zero_ = std::make_unique<par::Zero>(par::Axis(*mesh_, "dp_shard", &ledger_),
                                           par::Axis(*mesh_, "dp_replicate", &ledger_), options);

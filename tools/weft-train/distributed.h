@@ -17,8 +17,9 @@ struct Parallelism {
   int dp = 0;  // 0: the world size over the others
   int tp = 1;
   bool sp = false;
-  int zero = 0;  // 0: DP bucketing; 1, 2, 3
-  int hsdp = 1;  // ZeRO-3 replicas
+  int zero = 0;       // 0: DP bucketing; 1, 2, 3
+  int hsdp = 1;       // ZeRO-3 replicas
+  int bucket_kb = 0;  // DP and ZeRO-2 gradient buckets (KiB, first included); 0: the defaults
   // Debug: add a small error to one gradient element on the last rank (proves a FAIL is seen).
   bool perturb_grad = false;
 };

@@ -3,6 +3,7 @@
 // process on rank 0, and checks losses, gradients, parameters and the traffic ledger.
 // Run: weftrun -n N weft-train [--dp N] [--tp N] [--sp] [--zero 0-3] [--hsdp R] ...
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +32,9 @@ constexpr const char* kUsage =
     "  mesh:  --dp N --tp N --sp --zero 0|1|2|3 --hsdp R  (dims not given are 1; dp is the\n"
     "         world size over the others; --hsdp: R replicas sharding over dp/R, --zero 3)\n"
     "  model: --layers N --hidden N --heads N --ffn N --vocab N --seq N --batch N (global)\n"
-    "  run:   --steps N --seed N --json --profile\n";
+    "  run:   --steps N --seed N --json --profile\n"
+    "         --bucket-kb N  (DP / ZeRO-2 gradient buckets, first included; default 1 MiB\n"
+    "         first, then 25 MiB)\n";
 
 struct Options {
   Config config;
@@ -58,7 +61,8 @@ std::string parse(int argc, char** argv, Options& o) {
                             {"--seq", &o.config.seq},
                             {"--batch", &o.config.batch},
                             {"--steps", &o.config.steps},
-                            {"--seed", &seed}};
+                            {"--seed", &seed},
+                            {"--bucket-kb", &o.par.bucket_kb}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--sp") {
@@ -124,16 +128,27 @@ std::string json_list(const std::vector<double>& values) {
   return out.str();
 }
 
-// Compute, communication and exposed communication per pattern (this rank's).
+// Compute, communication and exposed communication per pattern (this rank's, all steps).
 void print_profile(const par::Ledger& ledger, double step_s) {
-  std::printf("# profile (rank 0, %s): step %.3f ms; compute forward %.3f ms, backward %.3f ms\n",
-              "all steps", step_s * 1e3, ledger.compute_s("forward") * 1e3,
-              ledger.compute_s("backward") * 1e3);
-  std::printf("# %-22s %-14s %6s %12s %12s %8s\n", "pattern", "primitive", "calls", "comm ms",
-              "exposed ms", "hidden");
-  for (const par::LedgerEntry& e : ledger.entries())
-    std::printf("# %-22s %-14s %6zu %12.3f %12.3f %7.1f%%\n", e.pattern.c_str(),
-                e.primitive.c_str(), e.calls, e.comm_s * 1e3, e.exposed_s * 1e3,
+  std::printf("# profile (rank 0): %.3f ms per step; compute forward %.3f ms, backward %.3f ms\n",
+              step_s * 1e3, ledger.compute_s("forward") * 1e3, ledger.compute_s("backward") * 1e3);
+  std::printf("# %-22s %-14s %-13s %6s %10s %11s %7s\n", "pattern", "primitive", "dim", "calls",
+              "comm ms", "exposed ms", "hidden");
+  std::vector<par::LedgerEntry> patterns;  // the entries summed over their sizes
+  for (const par::LedgerEntry& e : ledger.entries()) {
+    auto same = [&](const par::LedgerEntry& p) {
+      return p.pattern == e.pattern && p.primitive == e.primitive && p.dim == e.dim;
+    };
+    auto it = std::find_if(patterns.begin(), patterns.end(), same);
+    if (it == patterns.end()) {
+      patterns.push_back(e);
+      continue;
+    }
+    it->calls += e.calls, it->comm_s += e.comm_s, it->exposed_s += e.exposed_s;
+  }
+  for (const par::LedgerEntry& e : patterns)
+    std::printf("# %-22s %-14s %-13s %6zu %10.3f %11.3f %6.1f%%\n", e.pattern.c_str(),
+                e.primitive.c_str(), e.dim.c_str(), e.calls, e.comm_s * 1e3, e.exposed_s * 1e3,
                 e.comm_s > 0 ? 100.0 * (1 - e.exposed_s / e.comm_s) : 0.0);
 }
 
