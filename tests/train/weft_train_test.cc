@@ -131,10 +131,32 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{2, "--zero 4", "--zero 4 is not 0-3"}, BadCase{2, "--layers x", "--layers"},
         BadCase{2, "--frobnicate", "unknown option --frobnicate"}));
 
-TEST(WeftTrainTest, PerturbedGradientFails) {
+// The perturbed element: over dp it moves the mean gradient off the reference; over tp it
+// makes the two copies of a replicated gradient disagree.
+TEST(WeftTrainTest, PerturbedGradientFailsAgainstTheReference) {
   const Outcome run = weft_train(2, "--dp 2 --debug-perturb-grad");
   EXPECT_NE(run.exit_code, 0) << run.out;
-  EXPECT_EQ(run.verdict().rfind("# weft-train: FAIL: ", 0), 0u) << run.out;
+  EXPECT_EQ(run.verdict().rfind("# weft-train: FAIL: gradients differ by ", 0), 0u) << run.out;
+  EXPECT_NE(run.verdict().find("lnf.w"), std::string::npos) << run.out;
+}
+
+TEST(WeftTrainTest, PerturbedGradientFailsInsideAReplicaGroup) {
+  const Outcome run = weft_train(2, "--tp 2 --debug-perturb-grad");
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_EQ(run.verdict().rfind("# weft-train: FAIL: gradient lnf.w[0] in replica 0 differs "
+                                "between ranks 0 and 1",
+                                0),
+            0u)
+      << run.out;
+}
+
+TEST(WeftTrainTest, AnUnexpectedCallFailsTheLedger) {
+  const Outcome run = weft_train(2, "--tp 2 --debug-extra-call");
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_EQ(run.verdict().rfind("# weft-train: FAIL: rank 0's ledger deviates", 0), 0u) << run.out;
+  EXPECT_NE(run.out.find("ledger: debug.extra allreduce over tp of 4 B: 2 calls, none expected"),
+            std::string::npos)
+      << run.out;
 }
 
 TEST(WeftTrainTest, PrintsOneLossPerStepAndTheLedgerWithExpected) {

@@ -214,7 +214,7 @@ void Distributed::ready(size_t id) {
   // over tp until then.
   if (par_.sp && specs_[id].split == Split::kNone) return;
   std::span<float> g = grad(id);
-  if (par_.perturb_grad && id == head_param(config_, kLmW) &&
+  if (par_.perturb_grad && id == head_param(config_, kLnfW) &&
       mesh_->world_rank() == mesh_->world_size() - 1)
     g[0] += 1e-3f * (1 + std::abs(g[0]));
   place(id, g, local_grads_);
@@ -400,6 +400,10 @@ double Distributed::step(const Batch& global) {
   ready(kWpe);
   reduce_sp_grads();
   unit_backward_end(0);
+  if (par_.extra_call) {
+    float probe = 0;
+    par::all_reduce(*tp_, par::view(&probe, {1}), "debug.extra");
+  }
 
   if (ddp_) {
     ddp_->finish();

@@ -20,8 +20,11 @@ struct Parallelism {
   int zero = 0;       // 0: DP bucketing; 1, 2, 3
   int hsdp = 1;       // ZeRO-3 replicas
   int bucket_kb = 0;  // DP and ZeRO-2 gradient buckets (KiB, first included); 0: the defaults
-  // Debug: add a small error to one gradient element on the last rank (proves a FAIL is seen).
+  // Debug: add a small error to one element of the final layernorm's gradient (replicated
+  // over tp) on the last rank, which a verdict must see (FAIL).
   bool perturb_grad = false;
+  // Debug: one AllReduce per step over tp that no closed form has (the ledger must FAIL).
+  bool extra_call = false;
 };
 
 // The mesh sizes resolved against the world, or a message naming the offending option.

@@ -71,8 +71,10 @@ std::string parse(int argc, char** argv, Options& o) {
       o.json = true;
     } else if (arg == "--profile") {
       o.profile = true;
-    } else if (arg == "--debug-perturb-grad") {  // undocumented: proves FAIL is detected
+    } else if (arg == "--debug-perturb-grad") {  // undocumented: the verdict can FAIL
       o.par.perturb_grad = true;
+    } else if (arg == "--debug-extra-call") {  // undocumented: the ledger check can FAIL
+      o.par.extra_call = true;
     } else if (arg == "-h" || arg == "--help") {
       return "help";
     } else {
