@@ -1,5 +1,7 @@
 #include "distributed.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -98,6 +100,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 }  // namespace
 
 struct Distributed::Layer {
@@ -187,8 +195,11 @@ int Distributed::tp_coord() const {
 
 void Distributed::timed_compute(const std::function<void()>& work) {
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = thread_cpu_seconds();
   work();
   ledger_.add_compute(phase_, seconds_since(start));
+  // CPU time too: on a loaded machine the wall time includes time descheduled.
+  ledger_.add_compute(std::string(phase_) + ".cpu", thread_cpu_seconds() - cpu_start);
 }
 
 std::span<float> Distributed::param(size_t id) {

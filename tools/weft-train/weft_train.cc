@@ -132,8 +132,11 @@ std::string json_list(const std::vector<double>& values) {
 
 // Compute, communication and exposed communication per pattern (this rank's, all steps).
 void print_profile(const par::Ledger& ledger, double step_s) {
-  std::printf("# profile (rank 0): %.3f ms per step; compute forward %.3f ms, backward %.3f ms\n",
-              step_s * 1e3, ledger.compute_s("forward") * 1e3, ledger.compute_s("backward") * 1e3);
+  std::printf(
+      "# profile (rank 0): %.3f ms per step; compute forward %.3f ms (cpu %.3f), backward %.3f "
+      "ms (cpu %.3f)\n",
+      step_s * 1e3, ledger.compute_s("forward") * 1e3, ledger.compute_s("forward.cpu") * 1e3,
+      ledger.compute_s("backward") * 1e3, ledger.compute_s("backward.cpu") * 1e3);
   std::printf("# %-22s %-14s %-13s %6s %10s %11s %7s\n", "pattern", "primitive", "dim", "calls",
               "comm ms", "exposed ms", "hidden");
   std::vector<par::LedgerEntry> patterns;  // the entries summed over their sizes
