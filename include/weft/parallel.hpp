@@ -75,11 +75,14 @@ void unpack(const void* in, int dim, std::span<const size_t> sizes, const Tensor
 // over the product of the named dimensions (the ranks that differ only along
 // them; rank inside it = the linear index over those dims in mesh order).
 // Creating one is a weftCommSplit of the world, which is collective: the
-// constructor therefore creates every single-dimension group of both views
-// (and those named in MeshShape::groups) eagerly, in a fixed order, on every
-// rank. A product group not created at construction is created on first
-// request, which is then collective over the whole world: every rank must
-// request such groups in the same order. Groups are cached; the Mesh owns them.
+// constructor therefore creates the group of every single dimension of both
+// views that has more than one rank (and those named in MeshShape::groups)
+// eagerly, in a fixed order, on every rank. A product group not created at
+// construction is created on first request, which is then collective over
+// the whole world: every rank must request such groups in the same order.
+// Dims that group the ranks identically (tp and etp when expert_tp = tp, "dp"
+// and "dp_shard" without HSDP, ...) share one communicator, and all one-rank
+// groups share one made locally (no collective). The Mesh owns them.
 struct MeshShape {
   int tp = 1;
   int cp = 1;

@@ -44,7 +44,6 @@ struct View {
   std::vector<int> sizes;
   std::vector<std::vector<int>> coords;  // [world rank][dim]
   std::map<std::string, std::string> aliases;
-  std::map<std::string, Group> groups;  // by canonical name
 
   int index_of(const std::string& name) const {
     auto it = std::find(names.begin(), names.end(), name);
@@ -71,13 +70,6 @@ struct View {
       }
     }
     return mask;
-  }
-
-  std::string canonical(const std::vector<bool>& mask) const {
-    std::string name;
-    for (size_t i = 0; i < names.size(); ++i)
-      if (mask[i]) name += (name.empty() ? "" : "-") + names[i];
-    return name;
   }
 
   // Mixed-radix index of rank's coords over the masked dims (inner first).
@@ -113,29 +105,19 @@ struct View {
     return result;
   }
 
-  // Collective over the world when the group is not cached yet.
-  const Group& group(weftComm_t world, int rank, std::string_view dims) {
+  // Every rank's (group, position) under dims, groups numbered in order of
+  // first appearance: equal for two dims sets exactly when they give the
+  // same communicators, on every rank alike.
+  std::vector<int> partition(std::string_view dims) const {
     std::vector<bool> mask = mask_of(dims);
-    std::string key = canonical(mask);
-    auto it = groups.find(key);
-    if (it != groups.end()) return it->second;
-    Group group;
-    check(weftCommSplit(world, index(rank, mask, false), index(rank, mask, true), &group.comm,
-                        nullptr));
-    weftResult_t result = weftStreamCreate(&group.stream);
-    if (result != weftSuccess) {
-      weftCommDestroy(group.comm);
-      check(result);
+    std::map<int, int> labels;
+    std::vector<int> signature;
+    for (int r = 0; r < static_cast<int>(coords.size()); ++r) {
+      auto label = labels.emplace(index(r, mask, false), static_cast<int>(labels.size())).first;
+      signature.push_back(label->second);
+      signature.push_back(index(r, mask, true));
     }
-    return groups.emplace(key, group).first->second;
-  }
-
-  void release() {
-    for (auto& [name, group] : groups) {
-      weftStreamDestroy(group.stream);  // drains first
-      weftCommDestroy(group.comm);
-    }
-    groups.clear();
+    return signature;
   }
 };
 
@@ -175,10 +157,40 @@ struct Mesh::State {
   View dense, expert;
   std::vector<std::string> hosts;
   std::string placement;
+  // Communicators by partition: dims (of either view) that group the ranks
+  // identically share one; every one-rank group shares one made locally.
+  std::map<std::vector<int>, Group> groups;
 
   ~State() {
-    expert.release();
-    dense.release();
+    for (auto& [partition, group] : groups) {
+      weftStreamDestroy(group.stream);  // drains first
+      weftCommDestroy(group.comm);
+    }
+  }
+
+  // A split of the world (collective) the first time a partition is asked
+  // for, except one-rank groups, which are initialised locally.
+  const Group& group(const View& view, std::string_view dims) {
+    bool alone = view.size(dims) == 1;
+    std::vector<int> key = alone ? std::vector<int>{-1} : view.partition(dims);
+    auto it = groups.find(key);
+    if (it != groups.end()) return it->second;
+    Group group;
+    if (alone) {
+      weftUniqueId id;
+      check(weftGetUniqueId(&id));
+      check(weftCommInitRank(&group.comm, 1, id, 0));
+    } else {
+      std::vector<bool> mask = view.mask_of(dims);
+      check(weftCommSplit(world, view.index(rank, mask, false), view.index(rank, mask, true),
+                          &group.comm, nullptr));
+    }
+    weftResult_t result = weftStreamCreate(&group.stream);
+    if (result != weftSuccess) {
+      weftCommDestroy(group.comm);
+      check(result);
+    }
+    return groups.emplace(key, group).first->second;
   }
 };
 
@@ -294,12 +306,13 @@ Mesh::Mesh(weftComm_t world, const MeshShape& shape) : state_(std::make_unique<S
     fprintf(stderr, "%s:%d:%d WEFT INFO PARALLEL %s\n", s.hosts[0].c_str(), getpid(), s.rank,
             s.placement.c_str());
 
-  // Every single-dimension group of both views, then the requested products:
-  // the same splits in the same order on every rank.
-  for (const std::string& name : s.dense.names) s.dense.group(world, s.rank, name);
-  s.dense.group(world, s.rank, "dp");
-  for (const std::string& name : s.expert.names) s.expert.group(world, s.rank, name);
-  for (const std::string& dims : shape.groups) s.dense.group(world, s.rank, dims);
+  // Every single-dimension group of both views of more than one rank, then
+  // the requested products: the same splits in the same order on every rank.
+  for (const std::string& name : s.dense.names)
+    if (s.dense.size(name) > 1) s.group(s.dense, name);
+  for (const std::string& name : s.expert.names)
+    if (s.expert.size(name) > 1) s.group(s.expert, name);
+  for (const std::string& dims : shape.groups) s.group(s.dense, dims);
 }
 
 Mesh::~Mesh() = default;
@@ -326,10 +339,10 @@ int Mesh::coord(std::string_view dims) const {
   return state_->dense.index(state_->rank, state_->dense.mask_of(dims), true);
 }
 weftComm_t Mesh::group(std::string_view dims) const {
-  return state_->dense.group(state_->world, state_->rank, dims).comm;
+  return state_->group(state_->dense, dims).comm;
 }
 weftStream_t Mesh::stream(std::string_view dims) const {
-  return state_->dense.group(state_->world, state_->rank, dims).stream;
+  return state_->group(state_->dense, dims).stream;
 }
 std::vector<int> Mesh::group_ranks(std::string_view dims, int rank) const {
   return state_->dense.ranks(dims, rank);
@@ -342,10 +355,10 @@ int Mesh::expert_coord(std::string_view dims) const {
   return state_->expert.index(state_->rank, state_->expert.mask_of(dims), true);
 }
 weftComm_t Mesh::expert_group(std::string_view dims) const {
-  return state_->expert.group(state_->world, state_->rank, dims).comm;
+  return state_->group(state_->expert, dims).comm;
 }
 weftStream_t Mesh::expert_stream(std::string_view dims) const {
-  return state_->expert.group(state_->world, state_->rank, dims).stream;
+  return state_->group(state_->expert, dims).stream;
 }
 std::vector<int> Mesh::expert_group_ranks(std::string_view dims, int rank) const {
   return state_->expert.ranks(dims, rank);
