@@ -223,7 +223,10 @@ void Distributed::place(size_t id, std::span<const float> local, std::vector<flo
 void Distributed::ready(size_t id) {
   // Sequence-parallel parameters wait for reduce_sp_grads: their gradients are partial
   // over tp until then.
-  if (par_.sp && specs_[id].split == Split::kNone) return;
+  if (!(par_.sp && specs_[id].split == Split::kNone)) hand_over(id);
+}
+
+void Distributed::hand_over(size_t id) {
   std::span<float> g = grad(id);
   if (par_.perturb_grad && id == head_param(config_, kLnfW) &&
       mesh_->world_rank() == mesh_->world_size() - 1)
@@ -254,14 +257,12 @@ void Distributed::reduce_sp_grads() {
   }
   par::all_reduce(*tp_, par::view(packed.data(), {total}), "tp.sp_grads");
   at = 0;
-  par_.sp = false;  // ready() hands them on now
   for (size_t i : sp_params) {
     std::span<float> g = grad(i);
     std::copy_n(packed.begin() + at, g.size(), g.begin());
     at += g.size();
-    ready(i);
+    hand_over(i);
   }
-  par_.sp = true;
 }
 
 void Distributed::unit_forward_begin(int unit) {

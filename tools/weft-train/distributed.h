@@ -63,7 +63,8 @@ class Distributed {
   struct Layer;
   std::span<float> param(size_t id);
   std::span<float> grad(size_t id);
-  void ready(size_t id);  // the gradient of id is final for this step
+  void ready(size_t id);      // the gradient of id is complete on this rank for this step
+  void hand_over(size_t id);  // to the DP/ZeRO reduction (recorded for the check first)
   void unit_forward_begin(int unit), unit_forward_end(int unit);
   void unit_backward_begin(int unit), unit_backward_end(int unit);
   void reduce_sp_grads();
