@@ -258,7 +258,7 @@ int run(int argc, char** argv) {
         failures.empty() ? "true" : "false");
   } else {
     std::printf(
-        "# weft-train: world %d = dp %d x tp %d, sp %s, zero %d, hsdp %d; layers %d "
+        "# mesh: world %d = dp %d x tp %d, sp %s, zero %d, hsdp %d; model: layers %d "
         "hidden %d heads %d ffn %d vocab %d seq %d batch %d, seed %llu\n",
         world.size(), plan.dp, plan.tp, o.par.sp ? "on" : "off", o.par.zero, o.par.hsdp,
         config.layers, config.hidden, config.heads, config.ffn, config.vocab, config.seq,
