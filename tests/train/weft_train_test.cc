@@ -21,6 +21,11 @@ struct Outcome {
   int exit_code = -1;
   std::string out;  // stdout and stderr together
   double seconds = 0;
+  // No rank printed a sanitizer report (UBSan reports without failing the process).
+  bool sanitizer_clean() const {
+    return out.find("runtime error:") == std::string::npos &&
+           out.find("Sanitizer") == std::string::npos;
+  }
   // weft-train's last line (weftrun's own report of a failed rank left out); empty unless
   // it is the one verdict line of the run.
   std::string verdict() const {
@@ -74,6 +79,7 @@ TEST_P(MatrixTest, MatchesTheReference) {
   const Outcome run = weft_train(c.ranks, c.args + " --json");
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_EQ(run.verdict(), "# weft-train: PASS") << run.out;
+  EXPECT_TRUE(run.sanitizer_clean()) << run.out;
   EXPECT_NE(run.out.find("\"pass\":true"), std::string::npos) << run.out;
   for (const char* key : {"loss", "grads", "params"}) {
     const double rel = json_number(run.out, key);
@@ -116,6 +122,7 @@ TEST_P(BadInputTest, FailsFastNamingTheOption) {
   EXPECT_NE(run.out.find(c.message), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("# weft-train: PASS"), std::string::npos) << run.out;
   EXPECT_LT(run.seconds, 30) << run.out;
+  EXPECT_TRUE(run.sanitizer_clean()) << run.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(
