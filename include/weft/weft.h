@@ -251,6 +251,16 @@ WEFT_API weftResult_t weftRedOpCreatePreMulSum(weftRedOp_t* op, void* scalar,
                                                weftScalarResidence_t residence, weftComm_t comm);
 WEFT_API weftResult_t weftRedOpDestroy(weftRedOp_t op, weftComm_t comm);
 
+/* Weft extension: conversions between float and the floating datatypes
+ * (weftFloat16, weftBfloat16, weftFloat8e4m3, weftFloat8e5m2, weftFloat32,
+ * weftFloat64), count elements each, with the rounding Weft's reductions use
+ * (round to nearest even; fp8 saturates to its largest finite value, as
+ * CUDA's default fp8 conversions do). Other datatypes are weftInvalidArgument. */
+WEFT_API weftResult_t weftConvertFromFloat(weftDataType_t datatype, const float* in, void* out,
+                                           size_t count);
+WEFT_API weftResult_t weftConvertToFloat(weftDataType_t datatype, const void* in, float* out,
+                                         size_t count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,6 +14,7 @@
 #include "core/communicator.h"
 #include "core/env_launch.h"
 #include "core/group.h"
+#include "core/reduce/numeric_types.h"
 #include "core/registry.h"
 #include "core/stream.h"
 #include "weft/weft.h"
@@ -183,6 +184,32 @@ Status collective(Coll kind, const void* send, void* recv, size_t count, int raw
   call.op = op;
   call.root = root;
   return run_collective(call, comm, stream);
+}
+
+// One loop per direction and format: each element through the scalar
+// conversions the reduction kernels are tested against.
+template <typename Bits, float (*Widen)(Bits)>
+void widen_all(const void* in, float* out, size_t count) {
+  const auto* bits = static_cast<const Bits*>(in);
+  for (size_t i = 0; i < count; ++i) out[i] = Widen(bits[i]);
+}
+template <typename Bits, Bits (*Narrow)(float)>
+void narrow_all(const float* in, void* out, size_t count) {
+  auto* bits = static_cast<Bits*>(out);
+  for (size_t i = 0; i < count; ++i) bits[i] = Narrow(in[i]);
+}
+
+Status check_conversion(int raw_dtype, const void* in, const void* out, size_t count) {
+  WEFT_RETURN_IF_ERROR(check_dtype(raw_dtype));
+  auto dtype = static_cast<weftDataType_t>(raw_dtype);
+  if (!weft::dtype_is_floating(dtype))
+    return Error(weftInvalidArgument, "datatype %s is not a floating-point type",
+                 weft::dtype_name(dtype));
+  if (count > 0 && in == nullptr)
+    return Error(weftInvalidArgument, "in is NULL with count %zu", count);
+  if (count > 0 && out == nullptr)
+    return Error(weftInvalidArgument, "out is NULL with count %zu", count);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -648,6 +675,66 @@ weftResult_t weftCommDeregister(const weftComm_t comm, void* handle) {
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
     WEFT_RETURN_IF_ERROR(check_out_pointer(handle, "handle"));
     return impl->registry().remove(handle);
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftConvertFromFloat(weftDataType_t datatype, const float* in, void* out,
+                                  size_t count) {
+  auto run = [&]() -> Status {
+    int raw = raw_value(&datatype);
+    WEFT_RETURN_IF_ERROR(check_conversion(raw, in, out, count));
+    namespace r = weft::reduce;
+    switch (raw) {
+      case weftFloat16:
+        narrow_all<uint16_t, r::float_to_fp16>(in, out, count);
+        break;
+      case weftBfloat16:
+        narrow_all<uint16_t, r::float_to_bf16>(in, out, count);
+        break;
+      case weftFloat8e4m3:
+        narrow_all<uint8_t, r::float_to_fp8e4m3>(in, out, count);
+        break;
+      case weftFloat8e5m2:
+        narrow_all<uint8_t, r::float_to_fp8e5m2>(in, out, count);
+        break;
+      case weftFloat32:
+        if (count > 0) memmove(out, in, count * sizeof(float));
+        break;
+      default:
+        for (size_t i = 0; i < count; ++i) static_cast<double*>(out)[i] = in[i];
+    }
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftConvertToFloat(weftDataType_t datatype, const void* in, float* out, size_t count) {
+  auto run = [&]() -> Status {
+    int raw = raw_value(&datatype);
+    WEFT_RETURN_IF_ERROR(check_conversion(raw, in, out, count));
+    namespace r = weft::reduce;
+    switch (raw) {
+      case weftFloat16:
+        widen_all<uint16_t, r::fp16_to_float>(in, out, count);
+        break;
+      case weftBfloat16:
+        widen_all<uint16_t, r::bf16_to_float>(in, out, count);
+        break;
+      case weftFloat8e4m3:
+        widen_all<uint8_t, r::fp8e4m3_to_float>(in, out, count);
+        break;
+      case weftFloat8e5m2:
+        widen_all<uint8_t, r::fp8e5m2_to_float>(in, out, count);
+        break;
+      case weftFloat32:
+        if (count > 0) memmove(out, in, count * sizeof(float));
+        break;
+      default:
+        for (size_t i = 0; i < count; ++i)
+          out[i] = static_cast<float>(static_cast<const double*>(in)[i]);
+    }
+    return Status::Ok();
   };
   return report(run(), __func__);
 }

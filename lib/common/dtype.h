@@ -35,6 +35,11 @@ inline size_t dtype_size(weftDataType_t dtype) {
   }
 }
 
+inline bool dtype_is_floating(weftDataType_t dtype) {
+  return dtype == weftFloat16 || dtype == weftBfloat16 || dtype == weftFloat32 ||
+         dtype == weftFloat64 || dtype == weftFloat8e4m3 || dtype == weftFloat8e5m2;
+}
+
 // The names nccl-tests prints.
 inline const char* dtype_name(weftDataType_t dtype) {
   static const char* const kNames[] = {"int8", "uint8", "int32",  "uint32",   "int64",  "uint64",

@@ -32,10 +32,11 @@ enum MessageType : uint32_t {
   kTable = 2,            // root -> rank: every rank's info
   kAllGather = 3,        // rank -> root: sequence number, contribution
   kAllGatherResult = 4,  // root -> rank: every contribution
-  kGoodbye = 5,          // rank -> root: leaving on purpose
+  kGoodbye = 5,          // rank -> root: leaving on purpose, with what it had launched
   kAborting = 6,         // rank -> root: this rank aborts its communicator
   kPeerFailed = 7,       // root -> rank: another rank died or aborted
   kRootError = 8,        // root -> rank: the root gives up (e.g. join deadline)
+  kPeerLeft = 9,         // root -> rank: another rank left on purpose, and its goodbye
 };
 
 struct UniqueIdData {
@@ -308,9 +309,18 @@ bool Root::handle_frame(Connection& connection, uint32_t type,
       }
       return true;
     }
-    case kGoodbye:
+    case kGoodbye: {
       connection.left = true;
+      // The others learn what the leaver had launched, so that work it never joined fails
+      // at once instead of at the timeout.
+      WireWriter writer;
+      writer.put<int32_t>(connection.rank);
+      writer.put_string(labels_[connection.rank]);
+      writer.put_blob(payload);
+      for (int rank = 0; rank < nranks_; ++rank)
+        if (rank != connection.rank) send_to_rank(rank, kPeerLeft, writer.data());
       return true;
+    }
     case kAborting:
       connection.left = true;
       broadcast_failure(connection.rank, labels_[connection.rank] + " aborted its communicator");
@@ -457,12 +467,13 @@ Status start_root(RootAddress* root, int64_t timeout_ms) {
 // ---------------------------------------------------------------- the rank
 
 Status Bootstrap::join(const RootAddress& root, int rank, int nranks, const Blob& info,
-                       int64_t timeout_ms, FailureHandler on_failure,
+                       int64_t timeout_ms, FailureHandler on_failure, DepartureHandler on_departure,
                        std::unique_ptr<Bootstrap>* out, std::vector<Blob>* table) {
   Deadline deadline = deadline_after_ms(timeout_ms);
   std::unique_ptr<Bootstrap> bootstrap(new Bootstrap());
   bootstrap->rank_ = rank;
   bootstrap->on_failure_ = std::move(on_failure);
+  bootstrap->on_departure_ = std::move(on_departure);
   WEFT_RETURN_IF_ERROR(connect_to(root.address, deadline, &bootstrap->socket_));
 
   char host[256] = {0};
@@ -507,7 +518,7 @@ Status Bootstrap::join(const RootAddress& root, int rank, int nranks, const Blob
 }
 
 Bootstrap::~Bootstrap() {
-  leave(true);
+  leave(true, {});
 }
 
 void Bootstrap::control_loop() {
@@ -543,6 +554,13 @@ void Bootstrap::control_loop() {
       reader.get_string(&message);
       lock.unlock();
       on_failure_(weftRemoteError, message);
+    } else if (type == kPeerLeft) {
+      int32_t peer = -1;
+      std::string label;
+      Blob goodbye;
+      if (!reader.get(&peer) || !reader.get_string(&label) || !reader.get_blob(&goodbye)) continue;
+      lock.unlock();
+      on_departure_(peer, label, goodbye);
     }
   }
 }
@@ -572,15 +590,15 @@ Status Bootstrap::allgather(const Blob& data, std::vector<Blob>* out, Deadline d
   return Status::Ok();
 }
 
-void Bootstrap::leave(bool clean) {
+void Bootstrap::leave(bool clean, const Blob& goodbye) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (leaving_) return;
     leaving_ = true;
   }
   if (socket_.valid())
-    (void)send_frame(socket_.get(), clean ? kGoodbye : kAborting, nullptr, 0,
-                     deadline_after_ms(clean ? 1000 : 100));
+    (void)send_frame(socket_.get(), clean ? kGoodbye : kAborting, goodbye.data(),
+                     clean ? goodbye.size() : 0, deadline_after_ms(clean ? 1000 : 100));
   if (control_thread_.joinable()) {
     char byte = 1;
     (void)!write(wake_write_.get(), &byte, 1);

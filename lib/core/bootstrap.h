@@ -48,20 +48,25 @@ Status start_root(RootAddress* root, int64_t timeout_ms);
 class Bootstrap {
  public:
   using FailureHandler = std::function<void(weftResult_t code, const std::string& message)>;
+  // A peer left on purpose: its rank, "rank R (host:pid)", and the goodbye it sent.
+  using DepartureHandler =
+      std::function<void(int peer, const std::string& label, const Blob& goodbye)>;
 
   // Joins the root as `rank` of `nranks` presenting `info`; fills `table`
   // with every rank's info. `on_failure` is called (from the control thread)
-  // when a peer dies or aborts, or the root is lost.
+  // when a peer dies or aborts, or the root is lost; `on_departure` when a
+  // peer leaves on purpose.
   static Status join(const RootAddress& root, int rank, int nranks, const Blob& info,
-                     int64_t timeout_ms, FailureHandler on_failure, std::unique_ptr<Bootstrap>* out,
-                     std::vector<Blob>* table);
+                     int64_t timeout_ms, FailureHandler on_failure, DepartureHandler on_departure,
+                     std::unique_ptr<Bootstrap>* out, std::vector<Blob>* table);
   ~Bootstrap();
 
   // Every rank contributes `data`; all receive all contributions, in rank order.
   Status allgather(const Blob& data, std::vector<Blob>* out, Deadline deadline);
 
-  // Leaves the control plane: a goodbye (clean) or an abort notice, then close.
-  void leave(bool clean);
+  // Leaves the control plane: a goodbye carrying `goodbye` (clean), passed on
+  // to every peer, or an abort notice; then closes.
+  void leave(bool clean, const Blob& goodbye);
 
  private:
   Bootstrap() = default;
@@ -71,6 +76,7 @@ class Bootstrap {
   Fd wake_read_, wake_write_;
   std::thread control_thread_;
   FailureHandler on_failure_;
+  DepartureHandler on_departure_;
   int rank_ = -1;
   uint64_t next_allgather_ = 0;
   std::mutex mutex_;

@@ -294,6 +294,7 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
     job.math.divisor = static_cast<uint64_t>(comm.nranks());
   }
   job.tag_kind = TagKind::Collective;
+  job.what = name_of(call.collective);
   WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s chunk %llu in-place %d",
            name_of(call.collective), static_cast<unsigned long long>(call.count),
            dtype_name(call.dtype), algo::algorithm_name(plan.algorithm),

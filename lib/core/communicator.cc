@@ -115,11 +115,17 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   self.numa = place.numa;
   self.transport_address = comm->transport_->address();
 
+  // Before the control thread starts: a departure notice reads them.
+  comm->p2p_send_sequence_ = std::make_unique<std::atomic<uint32_t>[]>(nranks);
+  comm->p2p_recv_sequence_ = std::make_unique<std::atomic<uint32_t>[]>(nranks);
   Communicator* raw = comm.get();
   std::vector<Blob> table;
   WEFT_RETURN_IF_ERROR(Bootstrap::join(
       root, rank, nranks, encode_peer(self), comm->config_.timeout_ms,
       [raw](weftResult_t code, const std::string& message) { raw->fail(code, message); },
+      [raw](int peer, const std::string& label, const Blob& goodbye) {
+        raw->peer_left(peer, label, goodbye);
+      },
       &comm->bootstrap_, &table));
 
   comm->peers_.resize(nranks);
@@ -150,8 +156,6 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
       &comm->registry_));
   comm->tuner_ = std::make_unique<Tuner>(
       tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_));
-  comm->p2p_send_sequence_.assign(nranks, 0);
-  comm->p2p_recv_sequence_.assign(nranks, 0);
   WEFT_LOG(INFO, INIT, "communicator %s: rank %d of %d ready (timeout %lld ms)",
            comm->config_.name.c_str(), rank, nranks,
            static_cast<long long>(comm->config_.timeout_ms));
@@ -337,14 +341,81 @@ const Communicator::PreMulSum* Communicator::premulsum(weftRedOp_t op) const {
 }
 
 Status Communicator::finalize() {
-  if (!finalized_ && bootstrap_) bootstrap_->leave(true);
+  if (!finalized_ && bootstrap_) bootstrap_->leave(true, goodbye());
   finalized_ = true;
   return Status::Ok();
 }
 
+std::vector<uint8_t> Communicator::goodbye() const {
+  WireWriter writer;
+  writer.put<uint64_t>(collective_sequence_.load(std::memory_order_relaxed));
+  for (int peer = 0; peer < nranks_; ++peer) {
+    writer.put<uint32_t>(p2p_send_sequence_[peer].load(std::memory_order_relaxed));
+    writer.put<uint32_t>(p2p_recv_sequence_[peer].load(std::memory_order_relaxed));
+  }
+  return writer.data();
+}
+
+void Communicator::peer_left(int peer, const std::string& label,
+                             const std::vector<uint8_t>& goodbye) {
+  if (peer < 0 || peer >= nranks_ || peer == rank_) return;
+  WireReader reader(goodbye);
+  Departure departure{label};
+  // This rank's entries of the leaver's per-peer counts.
+  uint32_t sent = 0, received = 0;
+  bool complete = reader.get(&departure.collectives);
+  for (int q = 0; complete && q < nranks_; ++q) {
+    complete = reader.get(&sent) && reader.get(&received);
+    if (q == rank_) departure.sent_to_me = sent, departure.received_from_me = received;
+  }
+  if (!complete) return;  // an older peer's empty goodbye: nothing to compare
+  std::string conflict;
+  {
+    std::lock_guard<std::mutex> lock(departures_mutex_);
+    if (departures_.empty()) departures_.resize(nranks_);
+    departures_[peer] = std::move(departure);
+    any_departure_.store(true, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    conflict = departure_conflict(peer);
+  }
+  if (!conflict.empty()) fail(weftRemoteError, conflict);
+}
+
+std::string Communicator::departure_conflict(int peer) const {
+  const Departure& gone = *departures_[peer];
+  std::string who = gone.label + " left the communicator (finalize or destroy)";
+  std::string me = "rank " + std::to_string(rank_);
+  uint64_t collectives = collective_sequence_.load(std::memory_order_relaxed);
+  if (collectives > gone.collectives)
+    return who + " after " + std::to_string(gone.collectives) + " collectives, while " + me +
+           " waits in its collective " + std::to_string(gone.collectives + 1) + " (" +
+           last_launched_.load(std::memory_order_relaxed) + ")";
+  uint32_t receives = p2p_recv_sequence_[peer].load(std::memory_order_relaxed);
+  if (receives > gone.sent_to_me)
+    return who + " after sending " + std::to_string(gone.sent_to_me) + " messages to " + me +
+           ", which waits to receive message " + std::to_string(gone.sent_to_me + 1) + " from it";
+  uint32_t sends = p2p_send_sequence_[peer].load(std::memory_order_relaxed);
+  if (sends > gone.received_from_me)
+    return who + " after receiving " + std::to_string(gone.received_from_me) + " messages from " +
+           me + ", which sends it message " + std::to_string(gone.received_from_me + 1);
+  return "";
+}
+
+Status Communicator::check_departures() {
+  std::string conflict;
+  {
+    std::lock_guard<std::mutex> lock(departures_mutex_);
+    for (int peer = 0; peer < static_cast<int>(departures_.size()) && conflict.empty(); ++peer)
+      if (departures_[peer]) conflict = departure_conflict(peer);
+  }
+  if (conflict.empty()) return Status::Ok();
+  fail(weftRemoteError, conflict);
+  return Status(weftRemoteError, conflict);
+}
+
 void Communicator::abort() {
   fail(weftRemoteError, "rank " + std::to_string(rank_) + " aborted the communicator");
-  if (bootstrap_) bootstrap_->leave(false);
+  if (bootstrap_) bootstrap_->leave(false, {});
   std::lock_guard<std::mutex> lock(transport_mutex_);
   transport_->close_endpoints(true, 0);
 }

@@ -98,11 +98,13 @@ class Communicator {
                    PendingOp* op);
   Status post_recv(int peer, TagKind kind, uint64_t sequence, void* data, size_t bytes,
                    PendingOp* op);
-  uint32_t next_p2p_send_sequence(int peer) { return p2p_send_sequence_[peer]++; }
-  uint32_t next_p2p_recv_sequence(int peer) { return p2p_recv_sequence_[peer]++; }
+  // Counters read by the control thread too (departures), written only by
+  // the launching thread: a relaxed load and store, no read-modify-write.
+  uint32_t next_p2p_send_sequence(int peer) { return bump(p2p_send_sequence_[peer]); }
+  uint32_t next_p2p_recv_sequence(int peer) { return bump(p2p_recv_sequence_[peer]); }
 
   // Collective state: sequence numbers, cached programs, custom ops.
-  uint64_t next_collective_sequence() { return collective_sequence_++; }
+  uint64_t next_collective_sequence() { return bump(collective_sequence_); }
   ProgramCache& programs() { return programs_; }
   Tuner& tuner() { return *tuner_; }
   // Pre-multiplied sums created with weftRedOpCreatePreMulSum.
@@ -116,6 +118,18 @@ class Communicator {
   Status destroy_premulsum(weftRedOp_t op);
   // The op's definition, or null for built-in ops and unknown ids.
   const PreMulSum* premulsum(weftRedOp_t op) const;
+
+  // A peer that left on purpose (finalize or destroy) had launched what its
+  // goodbye counts. Work this rank launched beyond that can never complete:
+  // the communicator fails at once, naming the peer, instead of at the timeout.
+  void peer_left(int peer, const std::string& label, const std::vector<uint8_t>& goodbye);
+  // Whether a peer has left (after a seq_cst fence that follows the launch's
+  // sequence numbers, so that peer_left either sees them or is seen).
+  bool has_departures() const { return any_departure_.load(std::memory_order_relaxed); }
+  // Fails the communicator if work just numbered needs a peer that left before it.
+  Status check_departures();
+  // The collective just numbered (a static name), for departure messages.
+  void note_launch(const char* what) { last_launched_.store(what, std::memory_order_relaxed); }
 
   Status split(int color, int key, const CommConfig& config, std::unique_ptr<Communicator>* out);
   // Tells the peers this rank leaves on purpose.
@@ -148,9 +162,32 @@ class Communicator {
   CommTopology topology_;
   std::unique_ptr<ucx::Transport> transport_;
   std::unique_ptr<Bootstrap> bootstrap_;
-  std::vector<uint32_t> p2p_send_sequence_;
-  std::vector<uint32_t> p2p_recv_sequence_;
-  uint64_t collective_sequence_ = 0;
+  template <typename T>
+  static T bump(std::atomic<T>& counter) {
+    T value = counter.load(std::memory_order_relaxed);
+    counter.store(value + 1, std::memory_order_relaxed);
+    return value;
+  }
+  // What this rank launched, for its goodbye: collectives, then per peer the
+  // sends to it and the receives from it.
+  std::vector<uint8_t> goodbye() const;
+  // The message for work that needs `peer`, which left after it; "" if none does.
+  std::string departure_conflict(int peer) const;
+
+  std::unique_ptr<std::atomic<uint32_t>[]> p2p_send_sequence_;
+  std::unique_ptr<std::atomic<uint32_t>[]> p2p_recv_sequence_;
+  std::atomic<uint64_t> collective_sequence_{0};
+  // Peers that left on purpose and what they had launched (guarded by departures_mutex_).
+  struct Departure {
+    std::string label;
+    uint64_t collectives = 0;
+    uint32_t sent_to_me = 0, received_from_me = 0;
+  };
+  std::atomic<bool> any_departure_{false};
+  mutable std::mutex departures_mutex_;
+  std::vector<std::optional<Departure>> departures_;
+  // The last job this rank launched on the communicator, for departure messages.
+  std::atomic<const char*> last_launched_{""};
   ProgramCache programs_;
   AlgorithmOverrides overrides_;
   std::unique_ptr<Tuner> tuner_;  // per-size decisions, cached

@@ -71,6 +71,8 @@ struct Job {
   uint64_t direct_ticket = 0;
   // What runs once the program completes, if anything.
   JobStage* next_stage = nullptr;
+  // The collective's name (static), for messages.
+  const char* what = "";
 };
 
 // Jobs about to run together, with the programs they use kept alive.

@@ -27,6 +27,7 @@ void assign_sequences(JobBatch& batch) {
   for (Job& job : batch.jobs) {
     if (job.tag_kind == TagKind::Collective) {
       job.sequence_base = (job.comm->next_collective_sequence() & 0xFFFF) << 20;
+      job.comm->note_launch(job.what);
     } else {
       int peer = job.single_step.peer;
       job.sequence_base = job.single_step.kind == algo::StepKind::Send
@@ -40,6 +41,10 @@ void assign_sequences(JobBatch& batch) {
 Status launch(JobBatch& batch, Stream* stream) {
   for (const Job& job : batch.jobs) WEFT_RETURN_IF_ERROR(job.comm->usable());
   assign_sequences(batch);
+  // Pairs with Communicator::peer_left: either it sees these numbers, or this sees its peer.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (const Job& job : batch.jobs)
+    if (job.comm->has_departures()) WEFT_RETURN_IF_ERROR(job.comm->check_departures());
   if (stream != nullptr) {
     StreamEngine::instance().enqueue_jobs(stream, std::move(batch));
     batch.clear();

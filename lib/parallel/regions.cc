@@ -67,6 +67,15 @@ bool outermost(const Tensor& t, int dim) {
   return true;
 }
 
+// Scratch reused across calls of this thread (slot 0 or 1): a fresh
+// allocation per call would fault its pages in every time.
+char* scratch(size_t bytes, int slot) {
+  thread_local std::vector<char> buffers[2];
+  std::vector<char>& buffer = buffers[slot];
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
 size_t offset_of(const std::vector<size_t>& sizes, int rank) {
   size_t offset = 0;
   for (int r = 0; r < rank; ++r) offset += sizes[r];
@@ -89,8 +98,8 @@ void all_gather_dim(const Axis& axis, const Tensor& in, const Tensor& out, int d
   size_t row = out.numel() / std::max<size_t>(out.extent(dim), 1);  // elements per unit of dim
   bool even = std::all_of(pieces.begin(), pieces.end(), [&](size_t p) { return p == pieces[0]; });
   bool direct = outermost(out, dim);
-  std::vector<char> staging(direct ? 0 : out.bytes());
-  void* target = direct ? out.data : staging.data();
+  char* staging = direct ? nullptr : scratch(out.bytes(), 0);
+  void* target = direct ? out.data : staging;
   size_t esize = dtype_bytes(in.dtype);
   if (even) {
     detail::blocking(axis, pattern, "allgather", out.bytes(), [&](weftComm_t c, weftStream_t s) {
@@ -112,7 +121,7 @@ void all_gather_dim(const Axis& axis, const Tensor& in, const Tensor& out, int d
         },
         in.numel() * esize * (n - 1));
   }
-  if (!direct) unpack(staging.data(), dim, pieces, out);
+  if (!direct) unpack(staging, dim, pieces, out);
 }
 
 void reduce_scatter_dim(const Axis& axis, const Tensor& in, const Tensor& out, int dim,
@@ -132,19 +141,21 @@ void reduce_scatter_dim(const Axis& axis, const Tensor& in, const Tensor& out, i
     return;
   }
   // Blocks in rank order, each padded with zeros to the widest: exact for sums.
-  std::vector<char> packed(in.bytes()), padded(even ? 0 : n * block * esize, 0);
-  pack(in, dim, pieces, packed.data());
-  const char* send = packed.data();
+  char* packed = scratch(in.bytes(), 0);
+  pack(in, dim, pieces, packed);
+  const char* send = packed;
+  std::vector<char> padded, mine;
   if (!even) {
+    padded.assign(n * block * esize, 0);
     size_t from = 0;
     for (int r = 0; r < n; ++r) {
       size_t bytes = pieces[r] * row * esize;
-      memcpy(padded.data() + r * block * esize, packed.data() + from, bytes);
+      memcpy(padded.data() + r * block * esize, packed + from, bytes);
       from += bytes;
     }
     send = padded.data();
+    mine.resize(block * esize);
   }
-  std::vector<char> mine(even ? 0 : block * esize);
   void* target = even ? out.data : mine.data();
   detail::blocking(axis, pattern, "reducescatter", n * block * esize,
                    [&](weftComm_t c, weftStream_t s) {

@@ -53,18 +53,6 @@ TEST_P(Bootstrap, RanksJoinAndTalk) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, Bootstrap, ::testing::Range(1, 9));
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 void init_from_env_and_check(const RankContext& context, const char* rank_var,
                              const char* size_var) {
   setenv(rank_var, std::to_string(context.rank).c_str(), 1);
@@ -79,7 +67,7 @@ void init_from_env_and_check(const RankContext& context, const char* rank_var,
 }
 
 TEST(InitFromEnv, WeftVariables) {
-  std::string root = "127.0.0.1:" + std::to_string(free_port());
+  std::string root = "127.0.0.1:" + std::to_string(free_loopback_port());
   RunOptions options;
   options.make_unique_id = false;
   options.env = {{"WEFT_ROOT", root.c_str()}, {"WEFT_SECRET", "00112233445566778899aabbccddeeff"}};
@@ -92,7 +80,7 @@ TEST(InitFromEnv, WeftVariables) {
 }
 
 TEST(InitFromEnv, OpenMpiVariablesWithMasterAddr) {
-  std::string port = std::to_string(free_port());
+  std::string port = std::to_string(free_loopback_port());
   RunOptions options;
   options.make_unique_id = false;
   options.env = {{"MASTER_ADDR", "127.0.0.1"},
@@ -107,7 +95,7 @@ TEST(InitFromEnv, OpenMpiVariablesWithMasterAddr) {
 }
 
 TEST(InitFromEnv, SlurmVariables) {
-  std::string root = "127.0.0.1:" + std::to_string(free_port());
+  std::string root = "127.0.0.1:" + std::to_string(free_loopback_port());
   RunOptions options;
   options.make_unique_id = false;
   options.env = {{"WEFT_ROOT", root.c_str()}, {"SLURM_JOB_ID", "77"}};

@@ -15,7 +15,7 @@ namespace weft::testing {
 
 inline weft::Comm world_of(const RankContext& context) {
   return weft::Comm::init(context.nranks, weft::UniqueId::from_bytes(context.id), context.rank,
-                          60000);
+                          weft::Config().timeout_ms(60000));
 }
 
 // Values in [-1, 1) from a seed, the same on every rank.

@@ -1,8 +1,11 @@
 #include "support/multirank.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -140,6 +143,18 @@ weftComm_t init_comm(const RankContext& context, int timeout_ms) {
       weftCommInitRankConfig(&comm, context.nranks, context.id, context.rank, &config);
   EXPECT_EQ(result, weftSuccess) << weftGetLastError(nullptr);
   return comm;
+}
+
+int free_loopback_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
 }
 
 }  // namespace weft::testing

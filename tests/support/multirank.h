@@ -40,6 +40,9 @@ void run_ranks(int nranks, const std::function<void(const RankContext&)>& body,
 // Initialises a communicator for the context (asserting success).
 weftComm_t init_comm(const RankContext& context, int timeout_ms = 0);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for WEFT_ROOT in tests).
+int free_loopback_port();
+
 // A unique value per (rank, index) that fits every dtype exactly after truncation.
 inline int64_t pattern_value(int rank, size_t index) {
   return static_cast<int64_t>((rank * 131 + index * 7 + 3) % 113);
