@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin libgloo-dev                # peers for tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev # test and benchmark frameworks
   clang-format python3 iproute2                         # formatting, scripts, netns tests
+  python3-venv python3-dev                              # the PyTorch backend's venv and build
 )
 
 if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then

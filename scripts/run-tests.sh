@@ -4,6 +4,9 @@
 #   WEFT_BUILD_DIR   build folder (default: build-test, always rebuilt from scratch)
 #   WEFT_SANITIZERS  1 (default): also build and test with ASan+UBSan (build-asan, every
 #                    test) and TSan (build-tsan, the multi-threaded suites); 0: skip
+#   WEFT_VENV        virtual environment for the PyTorch backend's tests (default
+#                    /opt/weft-venv; created with torch when absent, reused when present)
+#   WEFT_PYTHON      0: skip the PyTorch backend's tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -20,6 +23,20 @@ dir=${WEFT_BUILD_DIR:-build-test}
 configure "$dir"
 cmake --build "$dir" -j "$jobs"
 ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 600
+
+if [[ ${WEFT_PYTHON:-1} == 1 ]]; then
+  # The PyTorch backend (python/): torch from PyPI in a venv outside the checkout
+  # (about 5 GB once), the package installed from this checkout against the
+  # libweft just built, then its pytest suite.
+  venv=${WEFT_VENV:-/opt/weft-venv}
+  if ! "$venv/bin/python" -c 'import torch, pytest; assert torch.__version__.startswith("2.11.0")' \
+    2>/dev/null; then
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install torch==2.11.0 numpy pytest
+  fi
+  WEFT_CMAKE_BUILD_DIR=$PWD/$dir "$venv/bin/pip" install ./python
+  "$venv/bin/python" -m pytest python/tests -v
+fi
 
 if [[ ${WEFT_SANITIZERS:-1} == 1 ]]; then
   configure build-asan -DWEFT_SANITIZE=address

@@ -32,10 +32,11 @@ constexpr int kExitWeftError = 3;
 constexpr size_t kBufferAlignment = 4096;
 constexpr int kHostNameBytes = 64;
 
-// The rank the launcher gave this process (weftrun, mpirun, srun), known before
+// The rank the launcher gave this process (weftrun, torchrun, mpirun, srun), known before
 // there is a communicator to ask; nullptr without a launcher.
 const char* launcher_rank() {
-  for (const char* name : {"WEFT_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+  for (const char* name :
+       {"WEFT_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
     const char* value = std::getenv(name);
     if (value != nullptr && value[0] != '\0') return value;
   }

@@ -61,6 +61,9 @@ Status read_launch_env(LaunchInfo* out) {
   };
   constexpr Source kSources[] = {
       {"weft", "WEFT_RANK", "WEFT_NRANKS"},
+      // Before the MPI and Slurm ones: torchrun under srun or mpirun gives each
+      // process its own RANK while they share one task's variables.
+      {"torchrun", "RANK", "WORLD_SIZE"},
       {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
       {"PMIx", "PMIX_RANK", "PMIX_SIZE"},
       {"Slurm", "SLURM_PROCID", "SLURM_NTASKS"},
@@ -88,7 +91,18 @@ Status read_launch_env(LaunchInfo* out) {
   if (std::optional<std::string> root = env_string("WEFT_ROOT")) {
     root_text = *root;
   } else if (env_string("MASTER_ADDR") && env_string("MASTER_PORT")) {
-    root_text = *env_string("MASTER_ADDR") + ":" + *env_string("MASTER_PORT");
+    std::string port = *env_string("MASTER_PORT");
+    // Under torchrun (or torch's env:// rendezvous) torch's TCPStore owns
+    // MASTER_PORT, so rank 0 listens on the next port.
+    if (strcmp(out->source, "torchrun") == 0) {
+      char* end = nullptr;
+      long value = strtol(port.c_str(), &end, 10);
+      if (port.empty() || *end != '\0' || value < 1 || value >= 65535)
+        return Error(weftInvalidArgument, "MASTER_PORT=%s is not a port number below 65535",
+                     port.c_str());
+      port = std::to_string(value + 1);
+    }
+    root_text = *env_string("MASTER_ADDR") + ":" + port;
     root_source = "MASTER_ADDR:MASTER_PORT";
   } else if (out->nranks == 1) {
     // One rank agrees with nobody: its own listener on loopback picks the port.

@@ -1,7 +1,8 @@
 // Rank, size and rendezvous from the launcher's environment: weftrun
-// (WEFT_*), Open MPI (OMPI_COMM_WORLD_*), PMIx (PMIX_RANK) or Slurm
-// (SLURM_PROCID/SLURM_NTASKS), with the root from WEFT_ROOT or
-// MASTER_ADDR/MASTER_PORT.
+// (WEFT_*), torchrun (RANK/WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*), PMIx
+// (PMIX_RANK) or Slurm (SLURM_PROCID/SLURM_NTASKS), with the root from
+// WEFT_ROOT or MASTER_ADDR/MASTER_PORT (MASTER_PORT+1 under torchrun, whose
+// store holds MASTER_PORT).
 #pragma once
 
 #include "common/status.h"

@@ -94,6 +94,45 @@ TEST(InitFromEnv, OpenMpiVariablesWithMasterAddr) {
       options);
 }
 
+// A loopback listener on `port`, or -1 when the port is taken.
+int listen_loopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || listen(fd, 4) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(InitFromEnv, TorchrunVariablesLeaveMasterPortToTheStore) {
+  // torch's store listens on MASTER_PORT; rank 0 must take the next port,
+  // which is checked free here so that only the rule under test can fail.
+  int store = -1, store_port = 0;
+  for (int attempt = 0; attempt < 20 && store < 0; ++attempt) {
+    store_port = free_loopback_port();
+    store = listen_loopback(store_port);
+    int next = store < 0 ? -1 : listen_loopback(store_port + 1);
+    if (next < 0 && store >= 0) {
+      close(store);
+      store = -1;
+    }
+    if (next >= 0) close(next);
+  }
+  ASSERT_GE(store, 0) << "no free pair of ports";
+  std::string port = std::to_string(store_port);
+  RunOptions options;
+  options.make_unique_id = false;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port.c_str()}, {"LOCAL_RANK", "0"}};
+  run_ranks(
+      3, [](const RankContext& context) { init_from_env_and_check(context, "RANK", "WORLD_SIZE"); },
+      options);
+  close(store);
+}
+
 TEST(InitFromEnv, SlurmVariables) {
   std::string root = "127.0.0.1:" + std::to_string(free_loopback_port());
   RunOptions options;

@@ -6,8 +6,8 @@ readme=$1 include_dir=$2 lib_dir=$3 weftrun=$4 work=$5
 nranks=4 sum=6 # 0 + 1 + 2 + 3
 mkdir -p "$work"
 
-extract() { # extract LANGUAGE FILE: the README's code block in LANGUAGE
-  awk -v fence="\`\`\`$1" '$0 == fence {on=1; next} /^```$/ {on=0} on' "$readme" >"$2"
+extract() { # extract LANGUAGE FILE: the README's first code block in LANGUAGE
+  awk -v fence="\`\`\`$1" '$0 == fence {on=1; next} on && /^```$/ {exit} on' "$readme" >"$2"
   [[ -s $2 ]] || {
     echo "no $1 example in $readme"
     exit 1
