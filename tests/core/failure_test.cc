@@ -145,11 +145,13 @@ TEST(Failure, InitWithMissingRanksTimesOut) {
 
 // A root that times out before any rank joined says so, not "0 of -1 ranks".
 TEST(Failure, RootTimeoutBeforeAnyJoinSaysSo) {
+  // Captured from before the root starts: its 1 ms deadline may pass at once
+  // (a slow, instrumented build), and it says so from its own thread.
+  ::testing::internal::CaptureStderr();
   setenv("WEFT_TIMEOUT_MS", "1", 1);
   weftUniqueId id;
   ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
   unsetenv("WEFT_TIMEOUT_MS");
-  ::testing::internal::CaptureStderr();
   weftComm_t comm = nullptr;
   weftConfig_t config = WEFT_CONFIG_INITIALIZER;
   config.timeoutMs = 500;
