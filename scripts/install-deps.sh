@@ -11,6 +11,8 @@ packages=(
   libopenmpi-dev openmpi-bin libgloo-dev                # peers for tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev # test and benchmark frameworks
   clang-format python3 iproute2                         # formatting, scripts, netns tests
+  clang libclang-rt-dev                                 # the fuzzers (clang's libFuzzer)
+  ccache                                                # compiler cache for repeated test runs
   python3-venv python3-dev                              # the PyTorch backend's venv and build
 )
 

@@ -7,16 +7,32 @@
 #   WEFT_VENV        virtual environment for the PyTorch backend's tests (default
 #                    /opt/weft-venv; created with torch when absent, reused when present)
 #   WEFT_PYTHON      0: skip the PyTorch backend's tests
+#   WEFT_FUZZ        1 (default): build the fuzzers with clang (build-fuzz) and run each
+#                    for WEFT_FUZZ_SECONDS (default 20) from its corpus; 0: skip
+#   WEFT_CCACHE_DIR  compiler cache kept outside the checkout (default /var/cache/weft-ccache;
+#                    created when absent). Build folders are still made from scratch; what
+#                    ccache returns is the compiler's output for identical sources and flags.
+#                    WEFT_CCACHE_DIR= (empty) compiles everything again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
 
+launcher=()
+if [[ -n ${WEFT_CCACHE_DIR-/var/cache/weft-ccache} ]] && command -v ccache >/dev/null; then
+  # Paths relative to the checkout, so that every fresh clone hits the same entries.
+  export CCACHE_DIR=${WEFT_CCACHE_DIR:-/var/cache/weft-ccache} CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+  export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+  mkdir -p "$CCACHE_DIR"
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+
 configure() {  # configure DIR [cmake options...]
   local dir=$1
   shift
   rm -rf "$dir"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "$@"
 }
 
 dir=${WEFT_BUILD_DIR:-build-test}
@@ -39,7 +55,7 @@ if [[ ${WEFT_PYTHON:-1} == 1 ]]; then
 fi
 
 if [[ ${WEFT_SANITIZERS:-1} == 1 ]]; then
-  configure build-asan -DWEFT_SANITIZE=address
+  configure build-asan -DWEFT_SANITIZE=address -DWEFT_ENABLE_CUDA=OFF
   cmake --build build-asan -j "$jobs"
   # A failed communicator abandons its UCX transport (lib/core/communicator.cc);
   # what UCX allocated inside it is reachable only through UCX's own pools.
@@ -54,10 +70,23 @@ if [[ ${WEFT_SANITIZERS:-1} == 1 ]]; then
 
   # TSan: the suites where threads meet (progress thread, control threads, user threads).
   # UCX's memory hooks patch the allocator, which TSan's interceptors cannot share.
-  configure build-tsan -DWEFT_SANITIZE=thread
+  configure build-tsan -DWEFT_SANITIZE=thread -DWEFT_ENABLE_CUDA=OFF
   cmake --build build-tsan -j "$jobs" --target weftrun weft_p2p_test weft_comm_test \
-    weft_failure_test weft_departure_test weft_stream_test weft_direct_test weft_register_test \
+    weft_failure_test weft_shrink_test weft_departure_test weft_stream_test weft_direct_test weft_register_test \
     weft_cma_test weft_nccl_tests
   UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -L threads
+fi
+
+if [[ ${WEFT_FUZZ:-1} == 1 ]]; then
+  # libFuzzer needs clang: its own build folder, only the fuzz targets, every library they
+  # use instrumented for coverage and checked by ASan+UBSan (tests/fuzz/CMakeLists.txt).
+  configure build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link \
+    -DWEFT_SANITIZE=address -DWEFT_ENABLE_CUDA=OFF -DWEFT_BUILD_BENCH=OFF -DWEFT_BUILD_FUZZERS=ON \
+    -DWEFT_FUZZ_SECONDS="${WEFT_FUZZ_SECONDS:-20}"
+  cmake --build build-fuzz -j "$jobs" --target weft_fuzz_bootstrap_frames weft_fuzz_cluster_file \
+    weft_replay_bootstrap_frames weft_replay_cluster_file
+  HWLOC_PLUGINS_BLACKLIST=hwloc_opencl,hwloc_gl \
+    ctest --test-dir build-fuzz --output-on-failure -j "$jobs" -L fuzz
 fi

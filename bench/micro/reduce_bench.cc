@@ -3,8 +3,15 @@
 // can reach). Bandwidth counts every byte read and written: 3 * count * size
 // for a reduction (two inputs, one output), 2 * bytes for memcpy.
 // WEFT_REDUCE_ISA=scalar|avx2|avx512 picks the variant.
+//
+// oneshot/<message>/<round>: one rank's memory work in a staged one-shot
+// AllReduce of two ranks, float sum, without the synchronisation: per round,
+// copy the input into staging, then reduce staging and the peer's staging into
+// the output. Rounds of a whole staging half (2 MiB by default) against
+// smaller ones show what the round size costs in cache misses alone.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -101,7 +108,30 @@ void bm_memcpy(benchmark::State& state, size_t bytes) {
   set_rate(state, 2.0 * static_cast<double>(bytes));
 }
 
+void bm_oneshot_passes(benchmark::State& state, size_t bytes, size_t round_bytes) {
+  Buffer input(bytes), staging(round_bytes), peer_staging(round_bytes), output(bytes);
+  const size_t count = bytes / sizeof(float), round_count = round_bytes / sizeof(float);
+  fill(weftFloat32, input.data, count);
+  fill(weftFloat32, peer_staging.data, round_count);
+  for (auto _ : state) {
+    for (size_t begin = 0; begin < count; begin += round_count) {
+      const size_t length = std::min(round_count, count - begin);
+      std::memcpy(staging.data, input.data + begin * sizeof(float), length * sizeof(float));
+      apply(weftFloat32, Op::Sum, output.data + begin * sizeof(float), staging.data,
+            peer_staging.data, length);
+    }
+    benchmark::ClobberMemory();
+  }
+  // The message's bytes once per second: weft-perf's busbw at two ranks.
+  set_rate(state, static_cast<double>(bytes));
+}
+
 void register_all() {
+  // Rounds of the whole message (up to the default staging half, 2 MiB), then smaller ones.
+  for (size_t bytes : {size_t{1} << 20, size_t{2} << 20, size_t{4} << 20})
+    for (size_t round : {std::min(bytes, size_t{2} << 20), size_t{256} << 10, size_t{64} << 10})
+      benchmark::RegisterBenchmark(("oneshot/" + size_name(bytes) + "/" + size_name(round)).c_str(),
+                                   bm_oneshot_passes, bytes, round);
   for (size_t bytes : kSizes) {
     benchmark::RegisterBenchmark(("memcpy/" + size_name(bytes)).c_str(), bm_memcpy, bytes);
     for (int t = 0; t < kNumDtypes; ++t) {

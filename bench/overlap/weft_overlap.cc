@@ -1,7 +1,8 @@
-// weft-overlap: how much of a collective hides behind compute. Times compute
-// alone, an AllReduce alone (on a stream), and both together (the AllReduce
-// queued on a stream while the calling thread computes), and reports
-//   overlap efficiency = (t_compute + t_comm - t_both) / min(t_compute, t_comm).
+// weft-overlap: how much of a collective hides behind compute. Per repeat it
+// times compute alone, an AllReduce alone (on a stream), and both together
+// (the AllReduce queued on a stream while the calling thread computes), all
+// on the calling thread's clock, and reports each time's median and range
+// over the repeats and the efficiency of overlap_math.h (at most 100%).
 // Run under weftrun: weftrun -n 2 weft-overlap [-b BYTES] [-r REPEATS]
 #include <algorithm>
 #include <chrono>
@@ -11,61 +12,70 @@
 #include <string>
 #include <vector>
 
+#include "overlap_math.h"
 #include "weft/weft.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using weft::overlap::Spread;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    weftResult_t result_ = (call);                                                         \
-    if (result_ != weftSuccess) {                                                          \
+#define CHECK(call)                                                                       \
+  do {                                                                                    \
+    weftResult_t result_ = (call);                                                        \
+    if (result_ != weftSuccess) {                                                         \
       fprintf(stderr, "weft-overlap: %s failed: %s\n", #call, weftGetLastError(nullptr)); \
-      exit(3);                                                                             \
-    }                                                                                      \
+      exit(3);                                                                            \
+    }                                                                                     \
   } while (0)
 
-// A fixed loop of vector work on data that fits in cache, so it competes
-// for cores rather than for memory bandwidth.
-float compute(std::vector<float>& data, long iterations) {
-  float acc = 0;
-  for (long it = 0; it < iterations; ++it) {
-    for (size_t i = 0; i < data.size(); ++i) data[i] = data[i] * 0.999f + 0.001f;
-    acc += data[it % data.size()];
-  }
-  return acc;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-size_t parse_size(const char* text) {
+// Bytes with an optional K/M/G suffix; false on anything else.
+bool parse_size(const char* text, size_t* out) {
   char* end = nullptr;
   double value = strtod(text, &end);
-  if (*end == 'K' || *end == 'k') value *= 1 << 10;
-  if (*end == 'M' || *end == 'm') value *= 1 << 20;
-  if (*end == 'G' || *end == 'g') value *= 1 << 30;
-  return static_cast<size_t>(value);
+  if (end == text || value <= 0) return false;
+  if (*end == 'K' || *end == 'k')
+    value *= 1 << 10, ++end;
+  else if (*end == 'M' || *end == 'm')
+    value *= 1 << 20, ++end;
+  else if (*end == 'G' || *end == 'g')
+    value *= 1 << 30, ++end;
+  *out = static_cast<size_t>(value);
+  return *end == '\0' && *out >= sizeof(float);
 }
+
+int usage(const char* problem) {
+  fprintf(stderr, "weft-overlap: %s\nusage: weft-overlap [-b BYTES (>= 4, K/M/G)] [-r REPEATS]\n",
+          problem);
+  return 2;
+}
+
+constexpr int kWarmups = 3;  // first calls pay one-time costs (tuner, page faults)
+constexpr int kEstimates = 5;
+// Compute alone is sized to this multiple of the AllReduce, so that it can
+// hide all of it (the efficiency divides by the communication time).
+constexpr double kComputeOverComm = 1.5;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   size_t bytes = 16 << 20;
   int repeats = 7;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "-b") == 0) bytes = parse_size(argv[i + 1]);
-    else if (strcmp(argv[i], "-r") == 0) repeats = std::max(1, atoi(argv[i + 1]));
-    else {
-      fprintf(stderr, "usage: weft-overlap [-b BYTES] [-r REPEATS]\n");
-      return 2;
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) return usage((std::string(argv[i]) + " needs a value").c_str());
+    if (strcmp(argv[i], "-b") == 0) {
+      if (!parse_size(argv[i + 1], &bytes))
+        return usage((std::string("-b: '") + argv[i + 1] + "' is not a size").c_str());
+    } else if (strcmp(argv[i], "-r") == 0) {
+      repeats = atoi(argv[i + 1]);
+      if (repeats < 1)
+        return usage((std::string("-r: '") + argv[i + 1] + "' is not a count >= 1").c_str());
+    } else {
+      return usage((std::string("unknown flag ") + argv[i]).c_str());
     }
   }
   weftComm_t comm;
@@ -76,7 +86,10 @@ int main(int argc, char** argv) {
   weftStream_t stream;
   CHECK(weftStreamCreate(&stream));
   const size_t count = bytes / sizeof(float);
-  std::vector<float> buffer(count, 1.0f), work(16384, 1.0f);
+  std::vector<float> buffer(count, 1.0f), work(16384);
+  for (size_t i = 0; i < work.size(); ++i) work[i] = static_cast<float>(i % 97) * 0.01f;
+  float checksum = 0;
+  auto compute = [&](long iterations) { checksum += weft::overlap::compute(work, iterations); };
 
   auto time_comm = [&] {
     CHECK(weftBarrier(comm, nullptr));
@@ -85,56 +98,67 @@ int main(int argc, char** argv) {
     CHECK(weftStreamSynchronize(stream));
     return seconds_since(start);
   };
-  // Calibrate the compute so that alone it takes about as long as the AllReduce.
-  time_comm();
-  double comm_estimate = time_comm();
-  long iterations = 16;
-  for (double t = 0; t < comm_estimate / 2; iterations *= 2) {
+  for (int w = 0; w < kWarmups; ++w) time_comm();
+  std::vector<double> estimates;
+  for (int e = 0; e < kEstimates; ++e) estimates.push_back(time_comm());
+  const double target = kComputeOverComm * weft::overlap::spread(estimates).median;
+  // Grow the compute until it takes a quarter of the target, then scale it
+  // by the median of three timings.
+  long iterations = 1;
+  auto time_compute = [&] {
     auto start = Clock::now();
-    compute(work, iterations);
-    t = seconds_since(start);
-    if (t >= comm_estimate / 2) {
-      iterations = static_cast<long>(iterations * comm_estimate / t);
-      break;
-    }
-  }
+    compute(iterations);
+    return seconds_since(start);
+  };
+  while (time_compute() < target / 4 && iterations < (1L << 40)) iterations *= 2;
+  const double per = weft::overlap::spread({time_compute(), time_compute(), time_compute()}).median;
+  iterations = std::max(1L, static_cast<long>(iterations * target / per));
   // Every rank computes the same amount: rank 0's calibration decides.
   CHECK(weftBroadcast(&iterations, &iterations, 1, weftInt64, 0, comm, nullptr));
 
-  std::vector<double> t_compute, t_comm, t_both;
-  volatile float sink = 0;
+  std::vector<double> t_compute, t_comm, t_both, t_eff;
   for (int r = 0; r < repeats; ++r) {
+    weft::overlap::Times t;
     CHECK(weftBarrier(comm, nullptr));
-    auto start = Clock::now();
-    sink = sink + compute(work, iterations);
-    t_compute.push_back(seconds_since(start));
-    t_comm.push_back(time_comm());
+    t.compute = time_compute();
+    t.comm = time_comm();
     CHECK(weftBarrier(comm, nullptr));
-    start = Clock::now();
+    const auto start = Clock::now();
     CHECK(weftAllReduce(buffer.data(), buffer.data(), count, weftFloat32, weftSum, comm, stream));
-    sink = sink + compute(work, iterations);
+    t.compute_in_both = time_compute();
     CHECK(weftStreamSynchronize(stream));
-    t_both.push_back(seconds_since(start));
+    t.both = seconds_since(start);
+    t_compute.push_back(t.compute);
+    t_comm.push_back(t.comm);
+    t_both.push_back(t.both);
+    t_eff.push_back(weft::overlap::efficiency(t));
   }
-  double tc = median(t_compute), tm = median(t_comm), tb = median(t_both);
-  double efficiency = (tc + tm - tb) / std::min(tc, tm);
-  // Rank 0 reports the slowest rank's view: overlap is only as good as the worst rank's.
-  double mine[4] = {tc, tm, tb, efficiency}, all[64 * 4];
-  if (nranks <= 64) {
-    CHECK(weftAllGather(mine, all, 4, weftFloat64, comm, nullptr));
-    if (rank == 0) {
-      printf("# weft-overlap: %d ranks, AllReduce of %zu bytes float sum, %d repeats (medians)\n",
-             nranks, bytes, repeats);
-      printf("# %4s %14s %14s %14s %12s\n", "rank", "compute(ms)", "comm(ms)", "both(ms)",
-             "efficiency");
-      double worst = 1e9;
-      for (int q = 0; q < nranks; ++q) {
-        printf("  %4d %14.3f %14.3f %14.3f %11.1f%%\n", q, all[4 * q] * 1e3, all[4 * q + 1] * 1e3,
-               all[4 * q + 2] * 1e3, all[4 * q + 3] * 100);
-        worst = std::min(worst, all[4 * q + 3]);
-      }
-      printf("overlap efficiency: %.1f%%\n", worst * 100);
+  // Per rank: median, min, max of compute, comm, both (ms) and efficiency.
+  std::vector<double> mine;
+  for (const auto* series : {&t_compute, &t_comm, &t_both, &t_eff}) {
+    const Spread s = weft::overlap::spread(*series);
+    mine.insert(mine.end(), {s.median, s.min, s.max});
+  }
+  const size_t per_rank = mine.size();
+  std::vector<double> all(per_rank * nranks);
+  CHECK(weftAllGather(mine.data(), all.data(), per_rank, weftFloat64, comm, nullptr));
+  if (rank == 0) {
+    printf(
+        "# weft-overlap: %d ranks, AllReduce of %zu bytes float sum, %d repeats, "
+        "%ld compute iterations (checksum %g)\n",
+        nranks, bytes, repeats, iterations, static_cast<double>(checksum));
+    printf("# times in ms and efficiency: median [min-max] over the repeats\n");
+    printf("# %4s %26s %26s %26s %24s\n", "rank", "compute", "comm", "both", "efficiency");
+    double worst = 1;
+    for (int q = 0; q < nranks; ++q) {
+      const double* v = &all[per_rank * q];
+      printf("  %4d", q);
+      for (int k = 0; k < 3; ++k)
+        printf(" %8.3f [%7.3f-%7.3f]", v[3 * k] * 1e3, v[3 * k + 1] * 1e3, v[3 * k + 2] * 1e3);
+      printf(" %6.1f%% [%5.1f-%5.1f%%]\n", v[9] * 100, v[10] * 100, v[11] * 100);
+      worst = std::min(worst, v[9]);
     }
+    printf("overlap efficiency: %.1f%%\n", worst * 100);
   }
   CHECK(weftStreamDestroy(stream));
   CHECK(weftCommDestroy(comm));

@@ -6,13 +6,16 @@
 # iterations (weft-perf makes two calls per iteration: out of place, then in place);
 # the difference divided by 2N calls removes init and teardown.
 #   bench/perf/call_overhead.sh BUILD_DIR [N] [COLLECTIVE:ALGORITHM ...]
-# Needs valgrind. Default: allreduce:oneshot allreduce:ring allgather:oneshot
-# broadcast:oneshot, N = 20000.
+# Needs valgrind. Default: every collective the blocking fast path serves, by oneshot
+# (allreduce reducescatter allgather broadcast reduce alltoall), and allreduce:ring (the
+# general path), N = 20000. WEFT_FAST_PATH=0 in the environment counts the general path
+# for the oneshot ones too.
 set -eu
 build=${1:?usage: call_overhead.sh BUILD_DIR [N] [COLLECTIVE:ALGORITHM ...]}
 calls=${2:-20000}
 [ $# -ge 2 ] && shift 2 || shift $#
-[ $# -eq 0 ] && set -- allreduce:oneshot allreduce:ring allgather:oneshot broadcast:oneshot
+[ $# -eq 0 ] && set -- allreduce:oneshot reducescatter:oneshot allgather:oneshot \
+  broadcast:oneshot reduce:oneshot alltoall:oneshot allreduce:ring
 command -v valgrind >/dev/null || { echo "call_overhead.sh: valgrind is not installed" >&2; exit 2; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "weft/weft.hpp"
@@ -451,6 +452,14 @@ struct ShardRange {
   size_t begin, end;  // elements of the parameter this rank owns
 };
 
+// A rank's optimizer state, for checkpoints: its parameters and Adam moments over
+// `ranges` (their elements concatenated in order) and the Adam steps taken.
+struct ZeroShard {
+  int steps = 0;
+  std::vector<ShardRange> ranges;
+  std::vector<float> params, m, v;
+};
+
 // shard: the axis the buckets are sharded over (dp, or dp-cp); replicate: the
 // HSDP replicate axis (gradient shards AllReduced over it), or none.
 class Zero {
@@ -488,6 +497,14 @@ class Zero {
   // AllGathers the updated parameters. Zeroes the gradients.
   void step();
 
+  // Checkpoints. export_shard(): this rank's state over owned(). import_shard(): takes
+  // from `state` the elements this rank owns (every one must be in its ranges, which may
+  // be another mesh's shards or whole parameters, so a checkpoint can be re-sharded) and
+  // its steps; stages 1/2 then AllGather the parameters (not booked in the ledger: not a
+  // step's traffic), so it is collective there.
+  ZeroShard export_shard() const;
+  void import_shard(const ZeroShard& state);
+
   // What this rank owns; coverage_ok() is collective over the shard axis and
   // true when every element of every parameter is owned by exactly one rank.
   std::vector<ShardRange> owned() const;
@@ -518,6 +535,15 @@ struct LedgerEntry {
   double exposed_s = 0;   // of it, time the caller waited
 };
 
+// Context-parallel attention algorithms (weft/parallel/cp.hpp); declared
+// here for ModelConfig.
+enum class CpAlgorithm { ring, zigzag, passq, allgather, ulysses, hier, automatic };
+
+// What mixes the sequence across cp: softmax attention (ContextParallelAttention,
+// by cp_algorithm), affine-state linear attention (AffineStateCp) or
+// compressed attention (CompressedAttentionCp, forward only).
+enum class CpMixer { attention, affine, compressed };
+
 // The model a step trains, for the closed forms (and later the planner).
 struct ModelConfig {
   int layers = 2;
@@ -529,6 +555,21 @@ struct ModelConfig {
   int batch = 2;
   weftDataType_t dtype = weftFloat32;  // activations and gradients
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  // The attention's algorithm over cp (its K/V or Q traffic, per layer and
+  // micro-batch; automatic resolves as ContextParallelAttention does).
+  CpAlgorithm cp_algorithm = CpAlgorithm::ring;
+  int cp_node_ranks = 1;  // hier: the CP ranks of a node (dims "cp.node" and "cp.ring")
+  // Grouped-query attention: key/value heads (0: heads). CP's K/V traffic
+  // carries kv_heads/tp of them per rank (one when tp > kv_heads: each TP
+  // rank then holds a replica of one).
+  int kv_heads = 0;
+  // affine: key and value dims are hidden/heads. compressed
+  // (CompressedAttentionCp): blocks of compressed_block positions every
+  // compressed_stride; its halo entries depend on cp_rank, this rank's
+  // coordinate along cp.
+  CpMixer cp_mixer = CpMixer::attention;
+  int compressed_block = 32, compressed_stride = 16;
+  int cp_rank = 0;
   bool sp = false;
   int zero = 0;  // 0 = plain DP bucketing; 1, 2, 3
   int hsdp = 1;  // ZeRO-3 replicas (each shards over dp/hsdp ranks)
@@ -537,12 +578,35 @@ struct ModelConfig {
   size_t pad_multiple = 1;
   int steps = 1;
   // The parameters each rank registers, in forward order (element counts and
-  // stage 3 unit); empty = transformer_parameters(*this).
+  // stage 3 unit); empty = transformer_parameters(*this), this pp rank's.
   // Sequence-parallel parameters' elements (their gradients are AllReduced over
   // tp once per step); 0 with sp = sequence_parallel_numel(*this).
   size_t sp_numel = 0;
+  // Pipeline (pp.hpp): this rank's coordinate along pp, the micro-batches of
+  // one step (each batch/microbatches sequences) and the chunks per rank.
+  // TP entries are per micro-batch, for this rank's layers/pp layers, the
+  // embedding's on pp rank 0 and the head's on the last; with pp > 1
+  // param_numels must be this rank's (no SP, plain DP only).
+  int pp_rank = 0;
+  int microbatches = 1;
+  int virtual_stages = 1;
   std::vector<size_t> param_numels;
   std::vector<int> param_layers;
+  // MoE MLPs (experts > 0; see weft/parallel/ep.hpp): experts, top-k, and the
+  // expert parameters this rank holds (its local experts'), in forward order,
+  // bucketed over expert-DP (dp / ep ranks) apart from param_numels; empty
+  // with param_numels empty = expert_parameters(*this).
+  int experts = 0;
+  int topk = 1;
+  bool ep_sync_free = false;  // count-sync-free dispatch: no ep.counts AllGather
+  int dense_layers = 0;       // the first layers keep a dense MLP (no EP traffic)
+  // HierMoeDispatcher over nodes of ep_node_ranks EP ranks each: "ep.inter.*"
+  // on expert:ep, "ep.intra.*" on expert:ep.node; its proxies' rows are
+  // uniform routing's expectation, rounded (exact when every token's slots
+  // reach every node).
+  bool ep_hier = false;
+  int ep_node_ranks = 1;
+  std::vector<size_t> expert_param_numels;
 };
 
 struct ParamSpec {
@@ -559,6 +623,11 @@ struct ParamSpec {
 // LM head [vocab/tp, h] (untied, no bias). Errors when hidden, heads, ffn or
 // vocab do not divide by tp.
 std::vector<ParamSpec> transformer_parameters(const ModelConfig& config);
+// With experts > 0 (tp 1), each layer's MLP from dense_layers on is MoE: between ln2.b and fc2.b
+// the dense list holds the router [experts, h] in place of fc1 and fc2, and
+// expert_parameters lists this EP rank's experts per layer: fc1 [E/ep·ffn, h],
+// fc2 [E/ep·h, ffn] (weft-train's layout).
+std::vector<ParamSpec> expert_parameters(const ModelConfig& config);
 // With SP, the parameters applied to sequence shards: position embedding,
 // ln1, ln2, attention-out and fc2 biases per layer, final ln:
 // s·h + L·6h + 2h.
@@ -582,13 +651,22 @@ class Ledger {
   // Entries keyed by (pattern, primitive, dim, bytes_per_call), in first-seen order.
   const std::vector<LedgerEntry>& entries() const;
   double compute_s(std::string_view pattern) const;
+  // Named figures that are not traffic (the MoE load, "ep.load.*"): set,
+  // read (0 when never noted), and all of them in first-noted order.
+  void note(std::string_view name, double value);
+  double noted(std::string_view name) const;
+  const std::vector<std::pair<std::string, double>>& notes() const;
 
   // The closed forms for `config` over config.steps steps (see docs/parallel.md):
   // TP 2 AllReduce per layer forward + 2 backward of b·s·h·dtype (SP: each as
   // ReduceScatter + AllGather), embedding/LM-head/cross-entropy TP calls, DP
   // bucket AllReduces (2Φ), ZeRO-1 (RS + AG: 2 calls, 2Φ), ZeRO-2 (per bucket
   // RS + one AG: buckets+1 calls, 2Φ), ZeRO-3 (per unit AG, AG, RS: 3 calls
-  // per unit, 3Φ) and the HSDP AllReduce.
+  // per unit, 3Φ), the HSDP AllReduce, the pipeline's stage-to-stage
+  // transfers (expected_pipeline), the CP attention's K/V (or Q) exchange of
+  // config.cp_algorithm (or compressed attention's halo and entries), and the
+  // MoE layers' count AllGather, dispatch and combine AllToAllv and expert-DP
+  // reductions.
   static Ledger expected(const ModelConfig& config);
 
   // Every entry whose calls or bytes_per_call differ, or that only one side
@@ -605,3 +683,7 @@ class Ledger {
 };
 
 }  // namespace weft::parallel
+
+#include "weft/parallel/cp.hpp"  // context parallelism
+#include "weft/parallel/ep.hpp"  // expert parallel (MoE dispatch and combine)
+#include "weft/parallel/pp.hpp"

@@ -148,12 +148,24 @@ WEFT_API weftResult_t weftCommFinalize(weftComm_t comm);
 WEFT_API weftResult_t weftCommDestroy(weftComm_t comm);
 /* Abandons outstanding work and frees the communicator; always returns. */
 WEFT_API weftResult_t weftCommAbort(weftComm_t comm);
-/* Weft extension: fails comm as weftCommAbort does (calls waiting on it
- * return an error, peers are told) without freeing it, so it may come from
- * another thread while a call on comm runs; free comm afterwards with
- * weftCommAbort or weftCommDestroy (the NCCL shim's ncclCommAbort and
- * ncclCommRevoke). */
+/* Stops comm everywhere: every operation in flight or to come on it fails
+ * (weftRemoteError, naming the revoking rank), here and on every peer, which
+ * learn of it through the bootstrap. Does not free comm, so it may come from
+ * another thread while a call on comm runs; afterwards weftCommShrink,
+ * weftCommDestroy or weftCommAbort (the NCCL shim's ncclCommRevoke). */
 WEFT_API weftResult_t weftCommRevoke(weftComm_t comm);
+/* weftCommShrink flags, as NCCL's: wait for comm's queued work first, or
+ * revoke comm first (ending its work in flight). */
+#define WEFT_SHRINK_DEFAULT 0x00
+#define WEFT_SHRINK_ABORT 0x01
+/* Called by every rank of comm except the excludeRanks (nExclude distinct
+ * ranks of comm; they need not be alive): a new communicator of the others,
+ * renumbered densely in comm's rank order. Works on a failed communicator
+ * (a dead peer); agrees through comm's bootstrap root, so it fails when the
+ * root's process (comm's rank 0, or its split leader) is gone. An excluded
+ * rank's call returns weftInvalidUsage. config NULL inherits comm's. */
+WEFT_API weftResult_t weftCommShrink(weftComm_t comm, const int* excludeRanks, int nExclude,
+                                     weftComm_t* newcomm, weftConfig_t* config, int shrinkFlags);
 /* weftSuccess while healthy; otherwise the error that failed the communicator. */
 WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
 /* Weft extension: the algorithm the tuner chose for the last collective
@@ -245,6 +257,29 @@ WEFT_API weftResult_t weftEventSynchronize(weftEvent_t event);
 WEFT_API weftResult_t weftEventQuery(weftEvent_t event);
 WEFT_API weftResult_t weftEventDestroy(weftEvent_t event);
 
+/* GPU memory and CUDA streams (docs/gpu.md). No CUDA header is needed: a
+ * cudaStream_t is passed as void*. Weft never links or initialises the CUDA
+ * driver; it uses the one the program has loaded, so these calls work (and
+ * answer "host") on machines without a GPU or driver.
+ *
+ * weftPointerGetMemoryType: where ptr lies. weftMemoryHost also covers
+ * memory CUDA does not know; device is the CUDA ordinal for device and
+ * managed memory, else -1 (device may be NULL).
+ *
+ * weftStreamCreateFromCuda wraps a cudaStream_t (NULL: the legacy default
+ * stream) after checking it: weftInvalidArgument if it is not a valid CUDA
+ * stream, weftInvalidUsage if it is capturing a CUDA graph (not supported
+ * yet). weftStreamSynchronize and weftStreamQuery on it also wait for / ask
+ * the CUDA stream; weftStreamDestroy leaves the cudaStream_t alive. Not yet
+ * supported, refused with weftInvalidUsage and a message saying so: any
+ * collective or P2P call on such a stream (the CUDA executor is not built
+ * yet), Weft events on it, and device memory passed to any call on a host
+ * stream ("sendbuff is device memory ..."). */
+typedef enum { weftMemoryHost = 0, weftMemoryDevice = 1, weftMemoryManaged = 2 } weftMemoryType_t;
+WEFT_API weftResult_t weftPointerGetMemoryType(const void* ptr, weftMemoryType_t* type,
+                                               int* device);
+WEFT_API weftResult_t weftStreamCreateFromCuda(void* cudaStream, weftStream_t* stream);
+
 /* Buffers peers on this node can read in place. weftMemAlloc returns
  * page-aligned host memory backed by a POSIX shared-memory segment
  * (/dev/shm/weft-mem-<pid>-<n>, linked while allocated so that peers can map
@@ -272,6 +307,10 @@ WEFT_API weftResult_t weftRedOpCreatePreMulSum(weftRedOp_t* op, void* scalar,
                                                weftDataType_t datatype,
                                                weftScalarResidence_t residence, weftComm_t comm);
 WEFT_API weftResult_t weftRedOpDestroy(weftRedOp_t op, weftComm_t comm);
+
+/* Weft extension: bytes per element of datatype in *size (weftInvalidArgument
+ * for a value that is not a weftDataType_t). */
+WEFT_API weftResult_t weftDataTypeSize(weftDataType_t datatype, size_t* size);
 
 /* Weft extension: conversions between float and the floating datatypes
  * (weftFloat16, weftBfloat16, weftFloat8e4m3, weftFloat8e5m2, weftFloat32,

@@ -218,6 +218,14 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
   ~Stream() { reset(); }
 
+  // A stream over a cudaStream_t (weftStreamCreateFromCuda; see docs/gpu.md for what
+  // runs on it today). The cudaStream_t stays the caller's.
+  static Stream from_cuda(void* cuda_stream) {
+    Stream stream{Null{}};
+    check(weftStreamCreateFromCuda(cuda_stream, &stream.stream_));
+    return stream;
+  }
+
   weftStream_t get() const { return stream_; }
   // Waits for every queued operation; throws the first failure.
   void synchronize() const { check(weftStreamSynchronize(stream_)); }
@@ -239,6 +247,24 @@ class Stream {
   }
   weftStream_t stream_ = nullptr;
 };
+
+// Where a buffer lies (weftPointerGetMemoryType): host memory (also memory CUDA does
+// not know), device or managed memory of CUDA device `device` (-1 for host memory).
+enum class MemoryType : int {
+  host = weftMemoryHost,
+  device = weftMemoryDevice,
+  managed = weftMemoryManaged
+};
+struct MemoryLocation {
+  MemoryType type;
+  int device;
+};
+inline MemoryLocation memory_location(const void* ptr) {
+  weftMemoryType_t type;
+  int device = -1;
+  check(weftPointerGetMemoryType(ptr, &type, &device));
+  return {static_cast<MemoryType>(type), device};
+}
 
 // A point in a stream's order (weftEvent_t).
 class Event {
@@ -363,6 +389,17 @@ class Comm {
     check(weftCommSplit(comm_, color, key, &child.comm_, &raw));
     return child;
   }
+  // Called by every rank but the excluded: a communicator of the others
+  // (weftCommShrink; `abort` revokes this one first). An empty config inherits this one's.
+  Comm shrink(std::span<const int> exclude, const Config& config = {}, bool abort = false) const {
+    weftConfig_t raw = config.raw();
+    Comm child;
+    check(weftCommShrink(comm_, exclude.data(), static_cast<int>(exclude.size()), &child.comm_,
+                         &raw, abort ? WEFT_SHRINK_ABORT : WEFT_SHRINK_DEFAULT));
+    return child;
+  }
+  // Fails every operation in flight or to come on this communicator, on every rank.
+  void revoke() const { check(weftCommRevoke(comm_)); }
   // weftSuccess while healthy; otherwise the error that failed the communicator.
   weftResult_t async_error() const {
     weftResult_t error = weftSuccess;

@@ -12,6 +12,7 @@
 #include "core/bootstrap.h"
 #include "core/collectives.h"
 #include "core/communicator.h"
+#include "core/cuda/driver.h"
 #include "core/env_launch.h"
 #include "core/group.h"
 #include "core/reduce/numeric_types.h"
@@ -129,6 +130,15 @@ Status resolve_stream(weftStream_t stream, weft::Stream** out) {
   return Status::Ok();
 }
 
+// Weft events order host streams; on a CUDA stream they would order nothing.
+Status check_host_stream(const weft::Stream* queue) {
+  if (queue != nullptr && queue->cuda.bound)
+    return Error(weftInvalidUsage,
+                 "stream wraps a cudaStream_t: Weft events on CUDA streams are not supported "
+                 "yet; use cudaEventRecord / cudaStreamWaitEvent on the cudaStream_t");
+  return Status::Ok();
+}
+
 Status resolve_event(weftEvent_t event, weft::Event** out) {
   *out = reinterpret_cast<weft::Event*>(event);
   if (event == nullptr) return Error(weftInvalidArgument, "event is NULL");
@@ -154,6 +164,9 @@ Status p2p(void* buffer, size_t count, int raw_dtype, int peer, weftComm_t comm,
                  is_send ? "sendbuff" : "recvbuff", count);
   if (peer < 0 || peer >= impl->nranks())
     return Error(weftInvalidArgument, "peer %d is out of range [0, %d)", peer, impl->nranks());
+  if (count > 0)
+    WEFT_RETURN_IF_ERROR(weft::cuda::check_host_memory(is_send ? "weftSend" : "weftRecv",
+                                                       is_send ? "sendbuff" : "recvbuff", buffer));
   weft::Stream* queue = nullptr;
   WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
   return weft::submit_p2p({impl, is_send, buffer, count * element, peer}, queue);
@@ -186,17 +199,46 @@ Status collective(Coll kind, const void* send, void* recv, size_t count, int raw
   return run_collective(call, comm, stream);
 }
 
-// One loop per direction and format: each element through the scalar
+// One loop per format and direction: each element through the scalar
 // conversions the reduction kernels are tested against.
-template <typename Bits, float (*Widen)(Bits)>
-void widen_all(const void* in, float* out, size_t count) {
-  const auto* bits = static_cast<const Bits*>(in);
-  for (size_t i = 0; i < count; ++i) out[i] = Widen(bits[i]);
+float double_to_float(double d) {
+  return static_cast<float>(d);
 }
-template <typename Bits, Bits (*Narrow)(float)>
-void narrow_all(const float* in, void* out, size_t count) {
-  auto* bits = static_cast<Bits*>(out);
-  for (size_t i = 0; i < count; ++i) bits[i] = Narrow(in[i]);
+double float_to_double(float f) {
+  return f;
+}
+
+template <bool kToFloat, typename Bits, float (*Widen)(Bits), Bits (*Narrow)(float)>
+void convert_each(const void* in, void* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    if constexpr (kToFloat)
+      static_cast<float*>(out)[i] = Widen(static_cast<const Bits*>(in)[i]);
+    else
+      static_cast<Bits*>(out)[i] = Narrow(static_cast<const float*>(in)[i]);
+  }
+}
+
+// Between fp32 and the floating type raw_dtype (checked), in either direction.
+template <bool kToFloat>
+void convert_all(int raw_dtype, const void* in, void* out, size_t count) {
+  namespace r = weft::reduce;
+  switch (raw_dtype) {
+    case weftFloat16:
+      return convert_each<kToFloat, uint16_t, r::fp16_to_float, r::float_to_fp16>(in, out, count);
+    case weftBfloat16:
+      return convert_each<kToFloat, uint16_t, r::bf16_to_float, r::float_to_bf16>(in, out, count);
+    case weftFloat8e4m3:
+      return convert_each<kToFloat, uint8_t, r::fp8e4m3_to_float, r::float_to_fp8e4m3>(in, out,
+                                                                                       count);
+    case weftFloat8e5m2:
+      return convert_each<kToFloat, uint8_t, r::fp8e5m2_to_float, r::float_to_fp8e5m2>(in, out,
+                                                                                       count);
+    case weftFloat32:
+      if (count > 0) memmove(out, in, count * sizeof(float));
+      return;
+    default:
+      return convert_each<kToFloat, double, double_to_float, float_to_double>(in, out, count);
+  }
 }
 
 Status check_conversion(int raw_dtype, const void* in, const void* out, size_t count) {
@@ -210,6 +252,15 @@ Status check_conversion(int raw_dtype, const void* in, const void* out, size_t c
   if (count > 0 && out == nullptr)
     return Error(weftInvalidArgument, "out is NULL with count %zu", count);
   return Status::Ok();
+}
+
+template <bool kToFloat>
+weftResult_t convert_checked(weftDataType_t datatype, const void* in, void* out, size_t count,
+                             const char* entry_point) {
+  int raw = raw_value(&datatype);
+  Status status = check_conversion(raw, in, out, count);
+  if (status.ok()) convert_all<kToFloat>(raw, in, out, count);
+  return report(status, entry_point);
 }
 
 }  // namespace
@@ -411,7 +462,58 @@ weftResult_t weftCommRevoke(weftComm_t comm) {
   auto run = [&]() -> Status {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
-    impl->abort();  // fails every wait on comm; freeing is left to abort or destroy
+    impl->revoke();  // fails every wait on comm; freeing is left to abort or destroy
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftCommShrink(weftComm_t comm, const int* exclude_ranks, int n_exclude,
+                            weftComm_t* newcomm, weftConfig_t* config, int shrink_flags) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(newcomm, "newcomm"));
+    *newcomm = nullptr;
+    weft::Communicator* impl = nullptr;
+    WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
+    if (shrink_flags != WEFT_SHRINK_DEFAULT && shrink_flags != WEFT_SHRINK_ABORT)
+      return Error(weftInvalidArgument,
+                   "shrinkFlags %d is neither WEFT_SHRINK_DEFAULT nor WEFT_SHRINK_ABORT",
+                   shrink_flags);
+    if (n_exclude < 0) return Error(weftInvalidArgument, "nExclude %d is negative", n_exclude);
+    if (n_exclude > 0 && exclude_ranks == nullptr)
+      return Error(weftInvalidArgument, "excludeRanks is NULL with nExclude %d", n_exclude);
+    std::vector<bool> seen(impl->nranks(), false);
+    for (int i = 0; i < n_exclude; ++i) {
+      const int excluded = exclude_ranks[i];
+      if (excluded < 0 || excluded >= impl->nranks())
+        return Error(weftInvalidArgument, "excludeRanks[%d] = %d is not a rank of comm (0..%d)", i,
+                     excluded, impl->nranks() - 1);
+      if (seen[excluded])
+        return Error(weftInvalidArgument, "excludeRanks[%d] = %d is listed twice", i, excluded);
+      seen[excluded] = true;
+    }
+    if (n_exclude == impl->nranks())
+      return Error(weftInvalidArgument, "excludeRanks names all %d ranks of comm: nobody is left",
+                   n_exclude);
+    if (seen[impl->rank()])
+      return Error(weftInvalidUsage,
+                   "rank %d is in excludeRanks: only the ranks that stay call weftCommShrink (this "
+                   "rank has no place in the new communicator)",
+                   impl->rank());
+    if (weft::group_ops_of(impl) > 0)
+      return Error(weftInvalidUsage,
+                   "the open group holds operations of comm: call weftGroupEnd before "
+                   "weftCommShrink");
+    weft::CommConfig comm_config;
+    comm_config.blocking = impl->config().blocking;
+    WEFT_RETURN_IF_ERROR(read_config(config, &comm_config));
+    if (shrink_flags == WEFT_SHRINK_ABORT) impl->revoke();
+    // The parent's queued stream work ends (or fails) before its members change.
+    weft::StreamEngine::instance().wait_for_comm(impl);
+    std::unique_ptr<weft::Communicator> child;
+    WEFT_RETURN_IF_ERROR(
+        impl->shrink(std::span<const int>(exclude_ranks, n_exclude), comm_config, &child));
+    *newcomm = weft::wrap_comm(std::move(child));
     return Status::Ok();
   };
   return report(run(), __func__);
@@ -556,6 +658,31 @@ weftResult_t weftStreamCreate(weftStream_t* stream) {
   return report(run(), __func__);
 }
 
+weftResult_t weftStreamCreateFromCuda(void* cudaStream, weftStream_t* stream) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(stream, "stream"));
+    weft::cuda::StreamInfo info;
+    WEFT_RETURN_IF_ERROR(weft::cuda::inspect_stream(cudaStream, "cudaStream", &info));
+    auto* created = new weft::Stream();
+    created->cuda = {true, cudaStream, info.device};
+    weft::StreamEngine::instance().add_stream(created);
+    *stream = reinterpret_cast<weftStream_t>(created);
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
+weftResult_t weftPointerGetMemoryType(const void* ptr, weftMemoryType_t* type, int* device) {
+  auto run = [&]() -> Status {
+    WEFT_RETURN_IF_ERROR(check_out_pointer(type, "type"));
+    weft::cuda::PointerInfo info = weft::cuda::pointer_info(ptr);
+    *type = info.type;
+    if (device != nullptr) *device = info.device;
+    return Status::Ok();
+  };
+  return report(run(), __func__);
+}
+
 weftResult_t weftStreamDestroy(weftStream_t stream) {
   auto run = [&]() -> Status {
     weft::Stream* queue = nullptr;
@@ -574,7 +701,8 @@ weftResult_t weftStreamSynchronize(weftStream_t stream) {
     weft::Stream* queue = nullptr;
     WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
     if (queue == nullptr) return Status::Ok();  // the NULL stream is always done
-    return weft::StreamEngine::instance().synchronize(queue);
+    WEFT_RETURN_IF_ERROR(weft::StreamEngine::instance().synchronize(queue));
+    return queue->cuda.bound ? weft::cuda::synchronize_stream(queue->cuda.stream) : Status::Ok();
   };
   return report(run(), __func__);
 }
@@ -584,7 +712,8 @@ weftResult_t weftStreamQuery(weftStream_t stream) {
     weft::Stream* queue = nullptr;
     WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
     if (queue == nullptr) return Status::Ok();
-    return weft::StreamEngine::instance().query(queue);
+    WEFT_RETURN_IF_ERROR(weft::StreamEngine::instance().query(queue));
+    return queue->cuda.bound ? weft::cuda::query_stream(queue->cuda.stream) : Status::Ok();
   };
   Status status = run();
   return status.code() == weftInProgress ? weftInProgress : report(status, __func__);
@@ -596,6 +725,7 @@ weftResult_t weftStreamWaitEvent(weftStream_t stream, weftEvent_t event) {
     weft::Event* marker = nullptr;
     WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
     WEFT_RETURN_IF_ERROR(resolve_event(event, &marker));
+    WEFT_RETURN_IF_ERROR(check_host_stream(queue));
     if (queue == nullptr) return weft::StreamEngine::instance().event_synchronize(marker);
     weft::StreamEngine::instance().enqueue_wait(queue, marker);
     return Status::Ok();
@@ -618,6 +748,7 @@ weftResult_t weftEventRecord(weftEvent_t event, weftStream_t stream) {
     weft::Event* marker = nullptr;
     WEFT_RETURN_IF_ERROR(resolve_event(event, &marker));
     WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+    WEFT_RETURN_IF_ERROR(check_host_stream(queue));
     if (queue == nullptr)
       return Error(weftInvalidArgument,
                    "stream is NULL: NULL-stream work is complete at once, "
@@ -735,64 +866,24 @@ weftResult_t weftCommDeregister(const weftComm_t comm, void* handle) {
   return report(run(), __func__);
 }
 
-weftResult_t weftConvertFromFloat(weftDataType_t datatype, const float* in, void* out,
-                                  size_t count) {
+weftResult_t weftDataTypeSize(weftDataType_t datatype, size_t* size) {
   auto run = [&]() -> Status {
     int raw = raw_value(&datatype);
-    WEFT_RETURN_IF_ERROR(check_conversion(raw, in, out, count));
-    namespace r = weft::reduce;
-    switch (raw) {
-      case weftFloat16:
-        narrow_all<uint16_t, r::float_to_fp16>(in, out, count);
-        break;
-      case weftBfloat16:
-        narrow_all<uint16_t, r::float_to_bf16>(in, out, count);
-        break;
-      case weftFloat8e4m3:
-        narrow_all<uint8_t, r::float_to_fp8e4m3>(in, out, count);
-        break;
-      case weftFloat8e5m2:
-        narrow_all<uint8_t, r::float_to_fp8e5m2>(in, out, count);
-        break;
-      case weftFloat32:
-        if (count > 0) memmove(out, in, count * sizeof(float));
-        break;
-      default:
-        for (size_t i = 0; i < count; ++i) static_cast<double*>(out)[i] = in[i];
-    }
+    WEFT_RETURN_IF_ERROR(check_dtype(raw));
+    WEFT_RETURN_IF_ERROR(check_out_pointer(size, "size"));
+    *size = weft::dtype_size(datatype);
     return Status::Ok();
   };
   return report(run(), __func__);
 }
 
+weftResult_t weftConvertFromFloat(weftDataType_t datatype, const float* in, void* out,
+                                  size_t count) {
+  return convert_checked<false>(datatype, in, out, count, __func__);
+}
+
 weftResult_t weftConvertToFloat(weftDataType_t datatype, const void* in, float* out, size_t count) {
-  auto run = [&]() -> Status {
-    int raw = raw_value(&datatype);
-    WEFT_RETURN_IF_ERROR(check_conversion(raw, in, out, count));
-    namespace r = weft::reduce;
-    switch (raw) {
-      case weftFloat16:
-        widen_all<uint16_t, r::fp16_to_float>(in, out, count);
-        break;
-      case weftBfloat16:
-        widen_all<uint16_t, r::bf16_to_float>(in, out, count);
-        break;
-      case weftFloat8e4m3:
-        widen_all<uint8_t, r::fp8e4m3_to_float>(in, out, count);
-        break;
-      case weftFloat8e5m2:
-        widen_all<uint8_t, r::fp8e5m2_to_float>(in, out, count);
-        break;
-      case weftFloat32:
-        if (count > 0) memmove(out, in, count * sizeof(float));
-        break;
-      default:
-        for (size_t i = 0; i < count; ++i)
-          out[i] = static_cast<float>(static_cast<const double*>(in)[i]);
-    }
-    return Status::Ok();
-  };
-  return report(run(), __func__);
+  return convert_checked<true>(datatype, in, out, count, __func__);
 }
 
 }  // extern "C"

@@ -27,6 +27,11 @@ constexpr EnvVar kEnvTable[] = {
      "Bound on every wait (bootstrap, transfers, barrier); a stalled or dead peer becomes an "
      "error within it.",
      EnvKind::kInt, 1, INT32_MAX},
+    {"WEFT_CHECK", "",
+     "Mismatch detection between ranks on one node: off, on (unset: each collective's kind, "
+     "count, datatype, op, root and AllToAllv's count matrix) or full (also a hash of each rank's "
+     "input, docs/reliability.md). Another value fails the communicator's init.",
+     EnvKind::kChoice, 0, UINT64_MAX, "off|on|full"},
     {"WEFT_SOCKET_IFNAME", "",
      "Interfaces for the bootstrap: comma-separated name prefixes, ^ to exclude, = for exact "
      "names. Default: the first non-loopback IPv4 interface that is up, else loopback."},
@@ -50,6 +55,11 @@ constexpr EnvVar kEnvTable[] = {
      "A cluster description (JSON, docs/topology.md) to use instead of discovering the "
      "topology: for tests, planning and weft-topo.",
      EnvKind::kPath},
+    {"WEFT_TUNER_FILE", "",
+     "The cost model's machine figures (per-call overhead, UCX and direct-path latency and "
+     "bandwidth, copy/reduce throughput, cores, oversubscription slice latency) as written by "
+     "bench/perf/calibrate.py (docs/tuning.md); unset: the built-in defaults.",
+     EnvKind::kPath},
     {"WEFT_REDUCE_ISA", "",
      "Force the reduction kernels' instruction set: scalar, avx2 or avx512 (clamped to what the "
      "CPU has).",
@@ -57,10 +67,15 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_SHM_BYTES", "4194304",
      "Shared-memory staging per rank (bytes, at least 4096) for the direct algorithms when every "
      "rank of a communicator is on one node; each such communicator reserves it in /dev/shm at "
-     "init, which fails naming /dev/shm when it does not fit.",
+     "init. Unset, a communicator takes less where /dev/shm is short (at most 1/64 of the free "
+     "space, one WARN); set, it is taken as asked. Without room: the message path, one WARN.",
      EnvKind::kBytes},
     {"WEFT_SHM_DISABLE", "0",
      "1: no shared memory; communicators on one node run only the message-based algorithms.",
+     EnvKind::kBool},
+    {"WEFT_FAST_PATH", "1",
+     "0: blocking calls that a direct algorithm serves take the general path (batch, job "
+     "runner) instead of the blocking fast path; for comparisons.",
      EnvKind::kBool},
     {"WEFT_SHM_ZERO_COPY_BYTES", "8192",
      "Smallest message (bytes per rank) that direct collectives read in place from registered "

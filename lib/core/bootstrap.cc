@@ -22,23 +22,19 @@ namespace weft {
 namespace {
 
 constexpr uint32_t kUniqueIdMagic = 0x57464944;  // "WFID"
-constexpr uint32_t kProtocolVersion = 1;
-// Before a connection has proven it knows the secret it may send this much.
-constexpr uint64_t kMaxHelloPayload = 64 << 10;
 // Unauthenticated connections get this long to say hello.
 constexpr int64_t kHelloGraceMs = 10000;
-
-enum MessageType : uint32_t {
-  kHello = 1,            // rank -> root: version, secret, rank, nranks, info
-  kTable = 2,            // root -> rank: every rank's info
-  kAllGather = 3,        // rank -> root: sequence number, contribution
-  kAllGatherResult = 4,  // root -> rank: every contribution
-  kGoodbye = 5,          // rank -> root: leaving on purpose, with what it had launched
-  kAborting = 6,         // rank -> root: this rank aborts its communicator
-  kPeerFailed = 7,       // root -> rank: another rank died or aborted
-  kRootError = 8,        // root -> rank: the root gives up (e.g. join deadline)
-  kPeerLeft = 9,         // root -> rank: another rank left on purpose, and its goodbye
-};
+// Beyond kMaxUnjoinedConnections the oldest is closed. A rank sends its hello as soon as it
+// connects, and the root reads it in the round after its accept, while at most kAcceptBatch
+// more are accepted per round: the oldest silent ones are strangers.
+constexpr size_t kMaxUnjoined = kMaxUnjoinedConnections;
+constexpr int kAcceptBatch = 64;
+static_assert(kMaxUnjoined >= 2 * kAcceptBatch);
+// A rank whose own wait ends gives the root Bootstrap::kVerdictGraceMs longer for its verdict,
+// which names the ranks missing (the root's deadline is the first waiter's: it comes about then).
+constexpr int64_t kVerdictGraceMs = Bootstrap::kVerdictGraceMs;
+// How long the root collects timeout reports before its verdict (well within the grace).
+constexpr int64_t kVerdictWindowMs = 200;
 
 struct UniqueIdData {
   uint32_t magic;
@@ -100,11 +96,12 @@ class Root {
  private:
   struct Connection {
     Fd fd;
-    std::vector<uint8_t> input;
+    FrameReader frames;
     std::string label;  // "host:pid" the rank gave
     int rank = -1;      // -1 until a valid hello
     Deadline hello_deadline;
     bool left = false;
+    const char* closed = nullptr;  // why the root closed it early; forgotten after the round
   };
   using ConnectionIt = std::list<Connection>::iterator;
 
@@ -115,16 +112,30 @@ class Root {
   bool handle_hello(Connection& connection, const std::vector<uint8_t>& payload);
   void drop(ConnectionIt it, const char* why);
   void send_to_rank(int rank, uint32_t type, const std::vector<uint8_t>& payload);
-  void broadcast_failure(int failed_rank, const std::string& message);
+  // The joined ranks, those of other processes first: a rank of this process may exit on
+  // the news the root sends, and the root with it, before the others have theirs (they
+  // would only learn that the root is gone).
+  std::vector<int> joined_ranks_others_first() const;
+  // Tells every rank (but the failed one, unless `to_it_too`) that `failed_rank` failed.
+  void broadcast_failure(int failed_rank, const std::string& message, bool to_it_too = false);
   void send_table();
+  bool handle_shrink(Connection& connection, const std::vector<uint8_t>& payload);
 
   Fd listener_;
   void wake() {
+    std::lock_guard<std::mutex> lock(wake_mutex_);
     char byte = 1;
-    (void)!write(wake_write_.get(), &byte, 1);
+    if (wake_write_.valid()) (void)!write(wake_write_.get(), &byte, 1);
   }
   bool only_local_ranks_left() const;
+  // "rank 1 (host:pid), rank 2" for the ranks the test is true of.
+  std::string ranks_where(const std::function<bool(int)>& test) const;
+  // Fails the ranks waiting in allgathers that missed their deadline, naming who is missing.
+  void expire_gatherings();
+  // "rank R (host:pid)" of the rank in this process, else this process's "host:pid".
+  std::string own_description() const;
 
+  std::mutex wake_mutex_;  // wake() may come from another thread as run() ends
   Fd wake_read_, wake_write_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> host_exiting_{false};
@@ -142,10 +153,35 @@ class Root {
   // Allgather contributions by sequence number.
   struct Gathering {
     std::vector<Blob> parts;
+    std::vector<bool> present;
     int received = 0;
+    Deadline deadline;  // the first contributor's
+    int64_t timeout_ms = 0;
   };
   std::vector<std::pair<uint64_t, Gathering>> gatherings_;
+  // Shrinks by sequence number: only the ranks outside `excluded` take part,
+  // so the dead need not (and the first mismatched list fails it for all).
+  struct Shrinking {
+    std::vector<int32_t> excluded;  // sorted
+    std::vector<Blob> parts;        // by old rank
+    std::vector<int> contributors;
+    std::string error;  // why it failed, with `code`
+    int32_t code = weftSuccess;
+  };
+  std::vector<std::pair<uint64_t, Shrinking>> shrinkings_;
+  void answer_shrink(std::vector<std::pair<uint64_t, Shrinking>>::iterator it);
   std::atomic<bool> finished_{false};
+  // Timeout reports: ranks waiting for each other time out together, so the root collects
+  // them for a moment and blames the report that waits for a rank which reported nothing.
+  struct TimeoutReport {
+    int rank;
+    std::string message;
+    std::vector<int32_t> waited;  // the ranks the reporter waited for
+  };
+  std::vector<TimeoutReport> timeout_reports_;
+  Deadline verdict_deadline_;
+  bool verdict_sent_ = false;
+  void send_timeout_verdict();
 };
 
 void Root::run() {
@@ -153,18 +189,21 @@ void Root::run() {
     if (running_ && (connections_.empty() || (host_exiting_ && only_local_ranks_left()))) break;
     if (!running_ && Clock::now() >= join_deadline_) {
       // The rank count is learnt from the first rank that joins.
-      std::string message = "bootstrap root: " +
-                            (nranks_ < 0 ? std::string("no rank")
-                                         : "only " + std::to_string(joined_) + " of " +
-                                               std::to_string(nranks_) + " ranks") +
-                            " joined within " + std::to_string(timeout_ms_) + " ms";
+      std::string message =
+          "bootstrap root: " +
+          (nranks_ < 0
+               ? std::string("no rank")
+               : "only " + std::to_string(joined_) + " of " + std::to_string(nranks_) + " ranks") +
+          " joined within " + std::to_string(timeout_ms_) + " ms" +
+          (nranks_ < 0 ? std::string() : " (missing: " + ranks_where([this](int rank) {
+                                           return by_rank_[rank] == nullptr;
+                                         }) + ")");
       WEFT_LOG(WARN, BOOTSTRAP, "%s", message.c_str());
       WireWriter writer;
       writer.put_string(message);
-      for (Connection& connection : connections_)
-        if (connection.rank >= 0)
-          (void)send_frame(connection.fd.get(), kRootError, writer.data().data(),
-                           writer.data().size(), deadline_after_ms(1000));
+      for (int rank : joined_ranks_others_first())
+        (void)send_frame(by_rank_[rank]->fd.get(), kRootError, writer.data().data(),
+                         writer.data().size(), deadline_after_ms(1000));
       break;
     }
     std::vector<pollfd> fds;
@@ -172,6 +211,9 @@ void Root::run() {
     if (listener_.valid()) fds.push_back({listener_.get(), POLLIN, 0});
     size_t first_connection = fds.size();
     Deadline next_deadline = running_ ? Clock::now() + std::chrono::hours(24) : join_deadline_;
+    for (const auto& entry : gatherings_)
+      next_deadline = std::min(next_deadline, entry.second.deadline);
+    if (!timeout_reports_.empty()) next_deadline = std::min(next_deadline, verdict_deadline_);
     for (Connection& connection : connections_) {
       fds.push_back({connection.fd.get(), POLLIN, 0});
       if (connection.rank < 0) next_deadline = std::min(next_deadline, connection.hello_deadline);
@@ -185,19 +227,32 @@ void Root::run() {
       continue;  // re-evaluate the exit condition
     }
     if (listener_.valid() && (fds[1].revents & POLLIN)) accept_connections();
+    expire_gatherings();
+    if (!timeout_reports_.empty() && Clock::now() >= verdict_deadline_) send_timeout_verdict();
     size_t index = first_connection;
     for (auto it = connections_.begin(); it != connections_.end() && index < fds.size(); ++index) {
       auto current = it++;  // connections accepted this round have no entry yet
+      if (current->closed != nullptr) continue;
       if (fds[index].revents != 0 && !read_from(*current)) {
         drop(current, "connection closed or invalid");
       } else if (current->rank < 0 && Clock::now() >= current->hello_deadline) {
         drop(current, "no valid hello in time");
       }
     }
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto current = it++;
+      if (current->closed != nullptr) drop(current, current->closed);
+    }
   }
   WEFT_LOG(INFO, BOOTSTRAP, "bootstrap root finished (%d ranks)", nranks_);
   while (!connections_.empty()) drop(connections_.begin(), "its process exited");
   listener_.reset();
+  {
+    // A finished root holds no descriptors while it waits to be reaped (at the next root's start).
+    std::lock_guard<std::mutex> lock(wake_mutex_);
+    wake_read_.reset();
+    wake_write_.reset();
+  }
   finished_ = true;
 }
 
@@ -208,9 +263,23 @@ bool Root::only_local_ranks_left() const {
 }
 
 void Root::accept_connections() {
-  while (true) {
+  size_t unjoined = 0;
+  for (const Connection& connection : connections_)
+    unjoined += connection.rank < 0 && connection.closed == nullptr;
+  for (int accepted = 0; accepted < kAcceptBatch; ++accepted) {
     int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
+    if (unjoined++ == kMaxUnjoined) {
+      // Closed now, erased after the round (the poll entries follow the list's order).
+      for (Connection& oldest : connections_) {
+        if (oldest.rank >= 0 || oldest.closed != nullptr) continue;
+        oldest.fd.reset();
+        oldest.closed = "too many connections without a hello: the oldest is closed";
+        --unjoined;
+        break;
+      }
+    }
+    set_nodelay(fd);
     Connection connection;
     connection.fd.reset(fd);
     connection.hello_deadline = deadline_after_ms(std::min(timeout_ms_, kHelloGraceMs));
@@ -228,40 +297,28 @@ bool Root::read_from(Connection& connection) {
       if (errno == EINTR) continue;
       return false;
     }
-    connection.input.insert(connection.input.end(), buffer, buffer + got);
-    uint64_t limit = connection.rank < 0 ? kMaxHelloPayload : kMaxFramePayload;
-    while (connection.input.size() >= sizeof(FrameHeader)) {
-      FrameHeader header;
-      memcpy(&header, connection.input.data(), sizeof(header));
-      if (header.magic != kFrameMagic || header.length > limit) return false;
-      if (connection.input.size() < sizeof(header) + header.length) break;
-      std::vector<uint8_t> payload(connection.input.begin() + sizeof(header),
-                                   connection.input.begin() + sizeof(header) + header.length);
-      connection.input.erase(connection.input.begin(),
-                             connection.input.begin() + sizeof(header) + header.length);
-      if (!handle_frame(connection, header.type, payload)) return false;
+    connection.frames.append(buffer, static_cast<size_t>(got));
+    uint32_t type = 0;
+    Blob payload;
+    while (true) {
+      const uint64_t limit = connection.rank < 0 ? kMaxHelloPayload : kMaxFramePayload;
+      FrameReader::Next next = connection.frames.next(limit, &type, &payload);
+      if (next == FrameReader::Next::kInvalid) return false;
+      if (next == FrameReader::Next::kIncomplete) break;
+      if (!handle_frame(connection, type, payload)) return false;
     }
   }
   return true;
 }
 
 bool Root::handle_hello(Connection& connection, const std::vector<uint8_t>& payload) {
-  WireReader reader(payload);
-  uint32_t version = 0;
-  uint8_t secret[sizeof(Secret)];
-  int32_t rank = -1, nranks = -1;
-  Blob info;
-  std::string label;
-  if (!reader.get(&version) || version != kProtocolVersion) return false;
-  for (uint8_t& byte : secret)
-    if (!reader.get(&byte)) return false;
-  if (!secrets_equal(secret, secret_.data())) {
+  Hello hello;
+  if (!decode_hello(payload, &hello) || hello.version != kProtocolVersion) return false;
+  if (!secrets_equal(hello.secret.data(), secret_.data())) {
     WEFT_LOG(WARN, BOOTSTRAP, "bootstrap root: dropped a connection with a wrong secret");
     return false;
   }
-  if (!reader.get(&rank) || !reader.get(&nranks) || !reader.get_string(&label) ||
-      !reader.get_blob(&info))
-    return false;
+  const int32_t rank = hello.rank, nranks = hello.nranks;
   if (nranks <= 0 || rank < 0 || rank >= nranks || (nranks_ > 0 && nranks != nranks_)) {
     WEFT_LOG(WARN, BOOTSTRAP, "bootstrap root: rejected rank %d of %d (expected %d ranks)", rank,
              nranks, nranks_);
@@ -279,19 +336,28 @@ bool Root::handle_hello(Connection& connection, const std::vector<uint8_t>& payl
   }
   connection.rank = rank;
   by_rank_[rank] = &connection;
-  infos_[rank] = std::move(info);
-  labels_[rank] = "rank " + std::to_string(rank) + " (" + label + ")";
-  connection.label = label;
+  infos_[rank] = std::move(hello.info);
+  labels_[rank] = "rank " + std::to_string(rank) + " (" + hello.label + ")";
+  connection.label = std::move(hello.label);
   if (++joined_ == nranks_) send_table();
   return true;
 }
 
 void Root::send_table() {
+  // Nobody else may join once the table is out: connections still without a valid hello
+  // (half-open, slow or hostile) could only hold file descriptors. Their sockets close before
+  // the table leaves, so a rank holding it knows the root keeps nothing but the ranks'.
+  listener_.reset();
+  for (Connection& connection : connections_) {
+    if (connection.rank >= 0) continue;
+    connection.fd.reset();
+    connection.closed = "all ranks joined before its hello";
+  }
   WireWriter writer;
   for (const Blob& info : infos_) writer.put_blob(info);
+  writer.put_string(own_description());  // whom the ranks' messages blame when the root stalls
   for (int rank = 0; rank < nranks_; ++rank) send_to_rank(rank, kTable, writer.data());
   running_ = true;
-  listener_.reset();  // nobody else may join once the table is out
   infos_.clear();
   WEFT_LOG(INFO, BOOTSTRAP, "bootstrap root: all %d ranks joined", nranks_);
 }
@@ -301,17 +367,18 @@ bool Root::handle_frame(Connection& connection, uint32_t type,
   if (connection.rank < 0) return type == kHello && handle_hello(connection, payload);
   switch (type) {
     case kAllGather: {
-      WireReader reader(payload);
-      uint64_t sequence = 0;
-      Blob part;
-      if (!reader.get(&sequence) || !reader.get_blob(&part)) return false;
+      AllGatherPart part;
+      if (!decode_allgather(payload, &part)) return false;
       auto it = std::find_if(gatherings_.begin(), gatherings_.end(),
-                             [&](const auto& entry) { return entry.first == sequence; });
+                             [&](const auto& entry) { return entry.first == part.sequence; });
       if (it == gatherings_.end()) {
-        gatherings_.push_back({sequence, Gathering{std::vector<Blob>(nranks_), 0}});
+        Gathering gathering{std::vector<Blob>(nranks_), std::vector<bool>(nranks_, false), 0,
+                            deadline_after_ms(part.timeout_ms), part.timeout_ms};
+        gatherings_.push_back({part.sequence, std::move(gathering)});
         it = gatherings_.end() - 1;
       }
-      it->second.parts[connection.rank] = std::move(part);
+      it->second.parts[connection.rank] = std::move(part.part);
+      it->second.present[connection.rank] = true;
       if (++it->second.received == nranks_) {
         WireWriter writer;
         for (const Blob& blob : it->second.parts) writer.put_blob(blob);
@@ -333,6 +400,21 @@ bool Root::handle_frame(Connection& connection, uint32_t type,
         if (rank != connection.rank) send_to_rank(rank, kPeerLeft, writer.data());
       return true;
     }
+    case kShrink:
+      return handle_shrink(connection, payload);
+    case kFailed: {
+      FailureReport failure;
+      if (!decode_failure_report(payload, nranks_, &failure)) return false;
+      TimeoutReport report{connection.rank, std::move(failure.message), std::move(failure.waited)};
+      if (report.waited.empty()) {  // a revoke: nobody to blame but the reporter
+        broadcast_failure(connection.rank, report.message);
+        return true;
+      }
+      if (verdict_sent_) return true;
+      if (timeout_reports_.empty()) verdict_deadline_ = deadline_after_ms(kVerdictWindowMs);
+      timeout_reports_.push_back(std::move(report));
+      return true;
+    }
     case kAborting:
       connection.left = true;
       broadcast_failure(connection.rank, labels_[connection.rank] + " aborted its communicator");
@@ -340,6 +422,121 @@ bool Root::handle_frame(Connection& connection, uint32_t type,
     default:
       return false;
   }
+}
+
+namespace {
+std::string rank_list(const std::vector<int32_t>& ranks) {
+  std::string text = "{";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
+  return text + "}";
+}
+}  // namespace
+
+bool Root::handle_shrink(Connection& connection, const std::vector<uint8_t>& payload) {
+  ShrinkRequest request;
+  if (!decode_shrink_request(payload, nranks_, &request)) return false;
+  const uint64_t sequence = request.sequence;
+  const std::vector<int32_t>& excluded = request.excluded;
+  auto it = std::find_if(shrinkings_.begin(), shrinkings_.end(),
+                         [&](const auto& entry) { return entry.first == sequence; });
+  if (it == shrinkings_.end()) {
+    shrinkings_.push_back(
+        {sequence, Shrinking{excluded, std::vector<Blob>(nranks_), {}, "", weftRemoteError}});
+    it = shrinkings_.end() - 1;
+    for (int rank = 0; rank < nranks_ && it->second.error.empty(); ++rank)
+      if (by_rank_[rank] == nullptr && !std::binary_search(excluded.begin(), excluded.end(), rank))
+        it->second.error = "shrink: " + labels_[rank] + " is gone; exclude it too";
+  }
+  Shrinking& shrinking = it->second;
+  if (shrinking.error.empty() && excluded != shrinking.excluded) {
+    shrinking.code = weftInvalidUsage;
+    shrinking.error = "shrink: rank " + std::to_string(connection.rank) + " excludes ranks " +
+                      rank_list(excluded) + " while rank " +
+                      std::to_string(shrinking.contributors.front()) + " excludes " +
+                      rank_list(shrinking.excluded);
+  }
+  shrinking.parts[connection.rank] = std::move(request.part);
+  shrinking.contributors.push_back(connection.rank);
+  const bool complete =
+      static_cast<int>(shrinking.contributors.size() + shrinking.excluded.size()) == nranks_;
+  if (shrinking.error.empty() && !complete) return true;
+  answer_shrink(it);
+  return true;
+}
+
+void Root::answer_shrink(std::vector<std::pair<uint64_t, Shrinking>>::iterator it) {
+  Shrinking& shrinking = it->second;
+  WireWriter writer;
+  writer.put(it->first);
+  writer.put(shrinking.code);
+  writer.put_string(shrinking.error);
+  if (shrinking.error.empty()) {
+    for (int rank = 0; rank < nranks_; ++rank)
+      if (!std::binary_search(shrinking.excluded.begin(), shrinking.excluded.end(), rank))
+        writer.put_blob(shrinking.parts[rank]);
+  }
+  // A failed shrink answers every rank that came and, kept, every rank that comes later.
+  for (int rank : shrinking.contributors) send_to_rank(rank, kShrinkResult, writer.data());
+  if (shrinking.error.empty())
+    shrinkings_.erase(it);
+  else
+    shrinking.contributors.clear();
+}
+
+std::string Root::ranks_where(const std::function<bool(int)>& test) const {
+  std::string text;
+  for (int rank = 0; rank < nranks_; ++rank) {
+    if (!test(rank)) continue;
+    if (!text.empty()) text += ", ";
+    text += labels_[rank].empty() ? "rank " + std::to_string(rank) : labels_[rank];
+  }
+  return text;
+}
+
+std::string Root::own_description() const {
+  const std::string suffix = "(" + own_label_ + ")";
+  std::string ranks = ranks_where([&](int rank) {
+    const std::string& label = labels_[rank];
+    return label.size() >= suffix.size() &&
+           label.compare(label.size() - suffix.size(), suffix.size(), suffix) == 0;
+  });
+  return ranks.empty() ? own_label_ : ranks;
+}
+
+void Root::expire_gatherings() {
+  const Clock::time_point now = Clock::now();
+  for (auto it = gatherings_.begin(); it != gatherings_.end();) {
+    const Gathering& gathering = it->second;
+    if (now < gathering.deadline) {
+      ++it;
+      continue;
+    }
+    int first_missing = 0;
+    while (gathering.present[first_missing]) ++first_missing;
+    std::string message = ranks_where([&](int rank) { return !gathering.present[rank]; }) +
+                          " did not take part in bootstrap allgather " + std::to_string(it->first) +
+                          " (of init or split) within " + std::to_string(gathering.timeout_ms) +
+                          " ms of the first rank";
+    it = gatherings_.erase(it);
+    broadcast_failure(first_missing, message);
+  }
+}
+
+void Root::send_timeout_verdict() {
+  auto reported = [&](int rank) {
+    return std::any_of(timeout_reports_.begin(), timeout_reports_.end(),
+                       [rank](const TimeoutReport& report) { return report.rank == rank; });
+  };
+  auto blamed = std::find_if(timeout_reports_.begin(), timeout_reports_.end(),
+                             [&](const TimeoutReport& report) {
+                               return std::any_of(report.waited.begin(), report.waited.end(),
+                                                  [&](int32_t rank) { return !reported(rank); });
+                             });
+  if (blamed == timeout_reports_.end()) blamed = timeout_reports_.begin();
+  // To every rank, the reporters too: it is their verdict.
+  broadcast_failure(blamed->rank, blamed->message, true);
+  verdict_sent_ = true;
+  timeout_reports_.clear();
 }
 
 void Root::send_to_rank(int rank, uint32_t type, const std::vector<uint8_t>& payload) {
@@ -352,13 +549,22 @@ void Root::send_to_rank(int rank, uint32_t type, const std::vector<uint8_t>& pay
              status.message().c_str());
 }
 
-void Root::broadcast_failure(int failed_rank, const std::string& message) {
+void Root::broadcast_failure(int failed_rank, const std::string& message, bool to_it_too) {
   WEFT_LOG(WARN, BOOTSTRAP, "bootstrap root: %s", message.c_str());
   WireWriter writer;
   writer.put<int32_t>(failed_rank);
   writer.put_string(message);
-  for (int rank = 0; rank < nranks_; ++rank)
-    if (rank != failed_rank) send_to_rank(rank, kPeerFailed, writer.data());
+  for (int rank : joined_ranks_others_first())
+    if (rank != failed_rank || to_it_too) send_to_rank(rank, kPeerFailed, writer.data());
+}
+
+std::vector<int> Root::joined_ranks_others_first() const {
+  std::vector<int> ranks;
+  for (bool local : {false, true})
+    for (int rank = 0; rank < static_cast<int>(by_rank_.size()); ++rank)
+      if (by_rank_[rank] != nullptr && (by_rank_[rank]->label == own_label_) == local)
+        ranks.push_back(rank);
+  return ranks;
 }
 
 void Root::drop(ConnectionIt it, const char* why) {
@@ -367,8 +573,21 @@ void Root::drop(ConnectionIt it, const char* why) {
     WEFT_LOG(INFO, BOOTSTRAP, "bootstrap root: dropped an unjoined connection: %s", why);
   } else {
     by_rank_[rank] = nullptr;
+    if (!running_) --joined_;  // no table without it (the others are told it failed)
     if (!it->left)
       broadcast_failure(rank, labels_[rank] + " died or lost its connection (" + why + ")");
+    // A shrink waiting for this rank would wait for its timeout: it fails now, naming it.
+    for (auto shrink = shrinkings_.begin(); shrink != shrinkings_.end(); ++shrink) {
+      Shrinking& shrinking = shrink->second;
+      if (!shrinking.error.empty() ||
+          std::binary_search(shrinking.excluded.begin(), shrinking.excluded.end(), rank) ||
+          std::find(shrinking.contributors.begin(), shrinking.contributors.end(), rank) !=
+              shrinking.contributors.end())
+        continue;
+      shrinking.error = "shrink: " + labels_[rank] +
+                        " left or died before it took part; exclude it too (" + why + ")";
+      answer_shrink(shrink);
+    }
   }
   connections_.erase(it);
 }
@@ -501,37 +720,45 @@ Status Bootstrap::join(const RootAddress& root, int rank, int nranks, const Blob
   bootstrap->rank_ = rank;
   bootstrap->on_failure_ = std::move(on_failure);
   bootstrap->on_departure_ = std::move(on_departure);
-  WEFT_RETURN_IF_ERROR(connect_to(root.address, deadline, &bootstrap->socket_));
+  Status connected = connect_to(root.address, deadline, &bootstrap->socket_);
+  if (!connected.ok())
+    return Error(connected.code(),
+                 "rank %d: %s, for the %lld ms of the timeout: the process hosting it (the one "
+                 "that made the unique id, usually rank 0) is gone or failed to listen",
+                 rank, connected.message().c_str(), static_cast<long long>(timeout_ms));
 
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  WireWriter hello;
-  hello.put(kProtocolVersion);
-  for (uint8_t byte : root.secret) hello.put(byte);
-  hello.put<int32_t>(rank);
-  hello.put<int32_t>(nranks);
-  hello.put_string(std::string(host) + ":" + std::to_string(getpid()));
-  hello.put_blob(info);
-  WEFT_RETURN_IF_ERROR(send_frame(bootstrap->socket_.get(), kHello, hello.data().data(),
-                                  hello.data().size(), deadline));
+  const Blob hello = encode_hello({kProtocolVersion, root.secret, rank, nranks,
+                                   std::string(host) + ":" + std::to_string(getpid()), info});
+  WEFT_RETURN_IF_ERROR(
+      send_frame(bootstrap->socket_.get(), kHello, hello.data(), hello.size(), deadline));
   uint32_t type = 0;
   std::vector<uint8_t> payload;
-  Status status = recv_frame(bootstrap->socket_.get(), &type, &payload, deadline);
+  Status status = recv_frame(bootstrap->socket_.get(), &type, &payload,
+                             deadline + std::chrono::milliseconds(kVerdictGraceMs));
   if (!status.ok())
     return Error(status.code(),
-                 "rank %d: no peer table from the bootstrap root at %s within the timeout (%s); "
-                 "did all %d ranks start, with the same unique id?",
-                 rank, root.address.to_string().c_str(), status.message().c_str(), nranks);
+                 "rank %d: no peer table from the bootstrap root at %s within %lld ms (%s): the "
+                 "process hosting it (the one that made the unique id, usually rank 0) is stalled "
+                 "or dead, or not all %d ranks started with this unique id",
+                 rank, root.address.to_string().c_str(), static_cast<long long>(timeout_ms),
+                 status.message().c_str(), nranks);
   WireReader reader(payload);
-  if (type == kRootError) {
+  if (type == kRootError || type == kPeerFailed) {  // the root gave up, or a joined rank died
+    int32_t failed_rank = -1;
     std::string message;
+    if (type == kPeerFailed) reader.get(&failed_rank);
     reader.get_string(&message);
-    return Error(weftTimeout, "%s", message.c_str());
+    return Error(type == kRootError ? weftTimeout : weftRemoteError, "rank %d: init failed: %s",
+                 rank, message.c_str());
   }
   if (type != kTable) return Error(weftRemoteError, "unexpected bootstrap message %u", type);
   table->assign(nranks, Blob());
   for (Blob& entry : *table)
     if (!reader.get_blob(&entry)) return Error(weftRemoteError, "truncated bootstrap peer table");
+  if (!reader.get_string(&bootstrap->root_host_))
+    return Error(weftRemoteError, "truncated bootstrap peer table");
 
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0)
@@ -562,23 +789,25 @@ void Bootstrap::control_loop() {
     if (leaving_) return;
     if (!status.ok()) {
       lost_ = true;
+      failure_ = "rank " + std::to_string(rank_) +
+                 ": lost the connection to the bootstrap root (its host, " + root_host_ +
+                 ", died or left): " + status.message();
       ready_.notify_all();
       lock.unlock();
-      on_failure_(weftRemoteError,
-                  "lost the connection to the bootstrap root (the process hosting it, usually "
-                  "rank 0, died or left): " +
-                      status.message());
+      on_failure_(weftRemoteError, failure_);
       return;
     }
     WireReader reader(payload);
-    if (type == kAllGatherResult) {
-      results_.push_back(std::move(payload));
+    if (type == kAllGatherResult || type == kShrinkResult) {
+      (type == kAllGatherResult ? results_ : shrink_results_).push_back(std::move(payload));
       ready_.notify_all();
     } else if (type == kPeerFailed || type == kRootError) {
       int32_t failed_rank = -1;
       std::string message;
       if (type == kPeerFailed) reader.get(&failed_rank);
       reader.get_string(&message);
+      if (failure_.empty()) failure_ = message;
+      ready_.notify_all();  // an allgather waiting for the failed rank ends with its message
       lock.unlock();
       on_failure_(weftRemoteError, message);
     } else if (type == kPeerLeft) {
@@ -592,29 +821,99 @@ void Bootstrap::control_loop() {
   }
 }
 
-Status Bootstrap::allgather(const Blob& data, std::vector<Blob>* out, Deadline deadline) {
-  WireWriter writer;
-  writer.put(next_allgather_++);
-  writer.put_blob(data);
-  WEFT_RETURN_IF_ERROR(
-      send_frame(socket_.get(), kAllGather, writer.data().data(), writer.data().size(), deadline));
+Status Bootstrap::send(uint32_t type, const Blob& payload, Deadline deadline) {
+  std::lock_guard<std::mutex> sending(send_mutex_);
+  return send_frame(socket_.get(), type, payload.data(), payload.size(), deadline);
+}
+
+Status Bootstrap::await(std::deque<Blob>* queue, Deadline deadline, const char* what,
+                        const char* missing, Blob* out) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!ready_.wait_until(lock, deadline, [&] { return !results_.empty() || lost_; }))
-    return Error(weftTimeout, "rank %d: bootstrap allgather timed out (a peer is not taking part)",
-                 rank_);
-  if (results_.empty())
-    return Error(weftRemoteError, "rank %d: lost the bootstrap root during an allgather", rank_);
+  if (!ready_.wait_until(lock, deadline, [&] { return !queue->empty() || lost_; }))
+    return Error(weftTimeout, "rank %d: bootstrap %s timed out (%s)", rank_, what, missing);
+  if (queue->empty())
+    return Error(weftRemoteError, "rank %d: lost the bootstrap root during the %s", rank_, what);
+  *out = std::move(queue->front());
+  queue->pop_front();
+  return Status::Ok();
+}
+
+namespace {
+Status read_parts(WireReader* reader, std::vector<Blob>* out) {
+  out->clear();
+  Blob part;
+  while (reader->left() > 0) {
+    if (!reader->get_blob(&part)) return Error(weftRemoteError, "truncated bootstrap result");
+    out->push_back(std::move(part));
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Status Bootstrap::allgather(const Blob& data, std::vector<Blob>* out, Deadline deadline) {
+  const uint64_t sequence = next_allgather_++;
+  // The root fails the gathering at the first contributor's deadline, naming who is missing.
+  const int64_t timeout_ms = std::max(remaining_ms(deadline), 1);
+  WEFT_RETURN_IF_ERROR(send(kAllGather, encode_allgather({sequence, data, timeout_ms}), deadline));
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto ended = [&] { return !results_.empty() || !failure_.empty(); };
+  if (!ready_.wait_until(lock, deadline + std::chrono::milliseconds(kVerdictGraceMs), ended))
+    return Error(weftTimeout,
+                 "rank %d: timed out after %lld ms in bootstrap allgather %llu (of init or split) "
+                 "waiting for the bootstrap root, hosted by %s, which sent neither every rank's "
+                 "part nor a verdict: that process is stalled",
+                 rank_, static_cast<long long>(timeout_ms),
+                 static_cast<unsigned long long>(sequence), root_host_.c_str());
+  if (results_.empty()) return Error(weftRemoteError, "%s", failure_.c_str());
   Blob result = std::move(results_.front());
   results_.pop_front();
   lock.unlock();
   WireReader reader(result);
-  out->clear();
-  Blob part;
-  while (reader.left() > 0) {
-    if (!reader.get_blob(&part)) return Error(weftRemoteError, "truncated allgather result");
-    out->push_back(std::move(part));
+  return read_parts(&reader, out);
+}
+
+Status Bootstrap::shrink(const std::vector<int32_t>& excluded, const Blob& data,
+                         std::vector<Blob>* out, Deadline deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (lost_)
+      return Error(weftRemoteError,
+                   "rank %d: cannot shrink: the bootstrap root (hosted by the rank that created "
+                   "the communicator, usually rank 0) is gone, and shrink agrees through it; make "
+                   "a new communicator over the survivors instead",
+                   rank_);
   }
-  return Status::Ok();
+  WEFT_RETURN_IF_ERROR(
+      send(kShrink, encode_shrink_request({next_shrink_++, excluded, data}), deadline));
+  // A result for an earlier shrink this rank gave up on (timed out) is skipped.
+  Blob result;
+  uint64_t sequence = 0;
+  int32_t code = weftSuccess;
+  std::string error;
+  WireReader reader(result);
+  do {
+    WEFT_RETURN_IF_ERROR(await(&shrink_results_, deadline, "shrink",
+                               "a rank outside excludeRanks did not call weftCommShrink: is it "
+                               "stalled? exclude it",
+                               &result));
+    reader = WireReader(result);
+    if (!reader.get(&sequence) || !reader.get(&code) || !reader.get_string(&error))
+      return Error(weftRemoteError, "truncated shrink result");
+  } while (sequence + 1 != next_shrink_);
+  if (!error.empty()) return Status(static_cast<weftResult_t>(code), error);
+  return read_parts(&reader, out);
+}
+
+bool Bootstrap::report_failure(const std::string& message, const std::vector<int32_t>& waited) {
+  const Blob report = encode_failure_report({message, waited});
+  std::lock_guard<std::mutex> sending(send_mutex_);  // leave() closes the socket under it
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (leaving_ || lost_ || !socket_.valid()) return false;
+  }
+  // Short: a root that cannot take it will not answer either.
+  return send_frame(socket_.get(), kFailed, report.data(), report.size(), deadline_after_ms(100))
+      .ok();
 }
 
 void Bootstrap::leave(bool clean, const Blob& goodbye) {
@@ -623,14 +922,17 @@ void Bootstrap::leave(bool clean, const Blob& goodbye) {
     if (leaving_) return;
     leaving_ = true;
   }
-  if (socket_.valid())
+  if (socket_.valid()) {
+    std::lock_guard<std::mutex> sending(send_mutex_);
     (void)send_frame(socket_.get(), clean ? kGoodbye : kAborting, goodbye.data(),
                      clean ? goodbye.size() : 0, deadline_after_ms(clean ? 1000 : 100));
+  }
   if (control_thread_.joinable()) {
     char byte = 1;
     (void)!write(wake_write_.get(), &byte, 1);
     control_thread_.join();
   }
+  std::lock_guard<std::mutex> sending(send_mutex_);
   socket_.reset();
 }
 

@@ -21,13 +21,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "core/bootstrap_protocol.h"
 #include "core/socket.h"
 #include "weft/weft.h"
 
 namespace weft {
-
-using Secret = std::array<uint8_t, 16>;
-using Blob = std::vector<uint8_t>;
 
 // What a weftUniqueId carries.
 struct RootAddress {
@@ -37,6 +35,10 @@ struct RootAddress {
 
 Status encode_unique_id(const RootAddress& root, weftUniqueId* id);
 Status decode_unique_id(const weftUniqueId& id, RootAddress* root);
+
+// Connections without a valid hello a root keeps at once: beyond it the oldest is closed, so a
+// flood cannot take the file descriptors the ranks in the root's process need.
+inline constexpr size_t kMaxUnjoinedConnections = 256;
 
 // Starts a root listening on `address` (port 0 picks one; the chosen port is
 // written back). It serves until every rank that joined has left, or the
@@ -64,6 +66,26 @@ class Bootstrap {
   // Every rank contributes `data`; all receive all contributions, in rank order.
   Status allgather(const Blob& data, std::vector<Blob>* out, Deadline deadline);
 
+  // Only the ranks outside `excluded` (sorted, the same on all of them) take
+  // part: each contributes `data`; all receive the survivors' contributions,
+  // in rank order. Needs the root; a mismatched `excluded` fails it for all.
+  Status shrink(const std::vector<int32_t>& excluded, const Blob& data, std::vector<Blob>* out,
+                Deadline deadline);
+
+  // Tells every peer (through the root) that this rank's communicator timed
+  // out or was revoked, and why; they fail theirs with weftRemoteError and that message.
+  // A timeout names the ranks it `waited` for: peers waiting for each other time out
+  // together, so the root's verdict is the report that waits for a rank that did not
+  // report (the stalled one), and it comes back to this rank too. A revoke (nothing
+  // waited for) is passed on at once. False if the report could not be sent.
+  bool report_failure(const std::string& message, const std::vector<int32_t>& waited = {});
+
+  // "rank R (host:pid)" of the process hosting the root.
+  const std::string& root_host() const { return root_host_; }
+
+  // How long to wait for the root's verdict after a wait of this rank ends.
+  static constexpr int64_t kVerdictGraceMs = 500;
+
   // Leaves the control plane: a goodbye carrying `goodbye` (clean), passed on
   // to every peer, or an abort notice; then closes.
   void leave(bool clean, const Blob& goodbye);
@@ -71,6 +93,10 @@ class Bootstrap {
  private:
   Bootstrap() = default;
   void control_loop();
+  Status send(uint32_t type, const Blob& payload, Deadline deadline);
+  // Waits for the control thread to queue a result there; `missing` says what a timeout means.
+  Status await(std::deque<Blob>* queue, Deadline deadline, const char* what, const char* missing,
+               Blob* out);
 
   Fd socket_;
   Fd wake_read_, wake_write_;
@@ -79,11 +105,18 @@ class Bootstrap {
   DepartureHandler on_departure_;
   int rank_ = -1;
   uint64_t next_allgather_ = 0;
+  uint64_t next_shrink_ = 0;
   std::mutex mutex_;
+  std::mutex send_mutex_;  // frames from different threads must not interleave
   std::condition_variable ready_;
   std::deque<Blob> results_;
+  std::deque<Blob> shrink_results_;
   bool lost_ = false;
   bool leaving_ = false;
+  // Why the control plane failed (a peer, the root, the connection): what allgathers return.
+  std::string failure_;
+  // Who hosts the root, "rank R (host:pid)" (from the peer table), for messages blaming it.
+  std::string root_host_;
 };
 
 }  // namespace weft

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/env.h"
 #include "common/log.h"
+#include "core/cuda/driver.h"
 #include "core/group.h"
 #include "core/tuner.h"
 
@@ -96,13 +98,22 @@ Status validate(Communicator& comm, const CollectiveCall& call, size_t element) 
   return Status::Ok();
 }
 
-Status check_buffers(const CollectiveCall& call, const algo::Params& params) {
-  if (algo::input_count(params) > 0 && call.send == nullptr)
-    return Error(weftInvalidArgument, "%s: sendbuff is NULL with count %llu",
-                 name_of(call.collective), static_cast<unsigned long long>(call.count));
-  if (algo::output_count(params) > 0 && call.recv == nullptr)
-    return Error(weftInvalidArgument, "%s: recvbuff is NULL with count %llu",
-                 name_of(call.collective), static_cast<unsigned long long>(call.count));
+Status check_buffers(const CollectiveCall& call, const algo::Params& params,
+                     const Communicator::PreMulSum* premul) {
+  const char* name = name_of(call.collective);
+  const bool reads = algo::input_count(params) > 0, writes = algo::output_count(params) > 0;
+  if (reads && call.send == nullptr)
+    return Error(weftInvalidArgument, "%s: sendbuff is NULL with count %llu", name,
+                 static_cast<unsigned long long>(call.count));
+  if (writes && call.recv == nullptr)
+    return Error(weftInvalidArgument, "%s: recvbuff is NULL with count %llu", name,
+                 static_cast<unsigned long long>(call.count));
+  WEFT_RETURN_IF_ERROR(
+      cuda::check_host_buffers(name, reads ? call.send : nullptr, writes ? call.recv : nullptr));
+  // The host executor reads a run-time PreMulSum scalar itself.
+  if (premul != nullptr && !premul->immediate)
+    WEFT_RETURN_IF_ERROR(
+        cuda::check_host_memory(name, "the PreMulSum op's scalar", premul->pointer));
   return Status::Ok();
 }
 
@@ -119,6 +130,21 @@ reduce::Op reduce_op(weftRedOp_t op) {
   }
 }
 
+// The schedule parameters every path needs: who calls what, with how many elements.
+algo::Params call_params(const Communicator& comm, const CollectiveCall& call) {
+  algo::Params params;
+  params.collective = call.collective;
+  params.nranks = comm.nranks();
+  params.rank = comm.rank();
+  params.root = is_rooted(call.collective) ? call.root : 0;
+  params.count = call.count;
+  return params;
+}
+
+// The size at which every rank plans an AllToAllv: per-peer pieces of a
+// typical MoE dispatch (tokens × hidden × 2 bytes).
+constexpr uint64_t kAllToAllvPlanBytes = 1 << 20;
+
 // A direct algorithm's job description, or why it cannot run here.
 Status prepare_direct(const Communicator& comm, const algo::Params& params, JobBatch& batch,
                       const DirectCall** out) {
@@ -128,9 +154,8 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params, JobB
     return Error(weftInvalidUsage, "%s: algorithm %s does not implement it", name, algorithm);
   if (!comm.direct()->available())
     return Error(weftInvalidUsage,
-                 "%s: algorithm %s needs every rank on one node with shared memory, but this "
-                 "communicator's ranks are on several nodes (or WEFT_SHM_DISABLE is set)",
-                 name, algorithm);
+                 "%s: algorithm %s needs every rank on one node with shared memory, but %s", name,
+                 algorithm, comm.direct()->unavailable_reason().c_str());
   std::shared_ptr<DirectCall> call = batch.new_direct();
   // A spare call keeps its count arrays' capacity; their contents are its last call's.
   for (std::vector<uint64_t>* counts :
@@ -154,6 +179,58 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params, JobB
   *out = call.get();
   batch.directs.push_back(std::move(call));
   return Status::Ok();
+}
+
+// What every job of a collective call carries, whichever path runs it: its buffers, the
+// reduction's math and the call's shape (for mismatch detection).
+void describe_job(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
+                  size_t element, const Communicator::PreMulSum* premul, Job* job) {
+  job->input = static_cast<std::byte*>(const_cast<void*>(call.send));
+  job->output = static_cast<std::byte*>(call.recv);
+  job->math.dtype = call.dtype;
+  job->math.element_size = element;
+  job->math.op = reduce_op(call.op);
+  if (premul != nullptr) {
+    job->math.premul = true;
+    memcpy(job->math.premul_value, premul->value, sizeof(premul->value));
+    if (!premul->immediate) job->math.premul_source = premul->pointer;
+    job->math.premul_count = algo::input_count(params);
+  }
+  if (call.op == weftAvg && is_reduction(call.collective) &&
+      (call.collective != algo::Collective::Reduce || comm.rank() == call.root)) {
+    job->math.divide_count = call.count;
+    job->math.divisor = static_cast<uint64_t>(comm.nranks());
+  }
+  job->tag_kind = TagKind::Collective;
+  job->what = name_of(call.collective);
+  job->shape.collective = call.collective;
+  job->shape.dtype = static_cast<uint8_t>(call.dtype);
+  job->shape.op = static_cast<uint8_t>(
+      is_reduction(call.collective) ? (premul != nullptr ? weftNumOps : call.op) : 0);
+  job->shape.root = params.root;
+  job->shape.count = call.count;
+  // WEFT_CHECK=full hashes the inputs that must agree in size, and a Broadcast's root's.
+  if (comm.direct()->check() == CheckMode::Full) {
+    const bool hashed = call.collective == algo::Collective::Broadcast
+                            ? comm.rank() == call.root
+                            : is_reduction(call.collective) ||
+                                  call.collective == algo::Collective::AllGather ||
+                                  call.collective == algo::Collective::AllToAll ||
+                                  call.collective == algo::Collective::Gather;
+    job->hashed_input_bytes = hashed ? algo::input_count(params) * element : 0;
+  }
+}
+
+// AllToAllv's counts as every rank announces them (its row and column of the count
+// matrix), kept by the batch: the caller's arrays may change once the call returns.
+void keep_alltoallv_counts(const Communicator& comm, const CollectiveCall& call, JobBatch& batch,
+                           Job* job) {
+  if (!comm.direct()->shared() || comm.direct()->check() == CheckMode::Off) return;
+  const size_t n = static_cast<size_t>(comm.nranks());
+  auto counts = std::make_shared<std::vector<uint64_t>>(call.send_counts, call.send_counts + n);
+  counts->insert(counts->end(), call.recv_counts, call.recv_counts + n);
+  job->alltoallv_counts = counts->data();
+  batch.alltoallv_counts.push_back(std::move(counts));
 }
 
 // Hierarchical AllToAllv relays pieces for other ranks, so it needs every
@@ -242,22 +319,20 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   const Communicator::PreMulSum* premul =
       is_reduction(call.collective) ? comm.premulsum(call.op) : nullptr;
 
-  algo::Params params;
-  params.collective = call.collective;
-  params.nranks = comm.nranks();
-  params.rank = comm.rank();
-  params.root = is_rooted(call.collective) ? call.root : 0;
-  params.count = call.count;
+  algo::Params params = call_params(comm, call);
   params.in_place = premul == nullptr && detect_in_place(call, comm.rank(), element);
   params.layout = &comm.topology().layout;
   params.send_counts = call.send_counts;
   params.send_displs = call.send_displs;
   params.recv_counts = call.recv_counts;
   params.recv_displs = call.recv_displs;
-  WEFT_RETURN_IF_ERROR(check_buffers(call, params));
+  WEFT_RETURN_IF_ERROR(check_buffers(call, params, premul));
   // Every rank must choose the same algorithm: AllToAllv's counts differ per
-  // rank, so it is planned by its (zero) count argument, never by its counts.
-  uint64_t bytes = call.count * element;
+  // rank, so it is planned at one nominal size, never by its counts. (At its
+  // zero count argument the model ranked pairwise first at 0 us, so it never
+  // took the direct path within a node.)
+  uint64_t bytes =
+      call.collective == algo::Collective::AllToAllv ? kAllToAllvPlanBytes : call.count * element;
   Plan plan = comm.tuner().plan(call.collective, bytes, element);
   params.algorithm = plan.algorithm;
   params.chunk = plan.chunk_elements;
@@ -277,29 +352,9 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
     job.program = program.get();
     batch.programs.push_back(std::move(program));
   }
-  job.input = static_cast<std::byte*>(const_cast<void*>(call.send));
-  job.output = static_cast<std::byte*>(call.recv);
-  job.math.dtype = call.dtype;
-  job.math.element_size = element;
-  job.math.op = reduce_op(call.op);
-  if (premul != nullptr) {
-    job.math.premul = true;
-    memcpy(job.math.premul_value, premul->value, sizeof(premul->value));
-    if (!premul->immediate) job.math.premul_source = premul->pointer;
-    job.math.premul_count = algo::input_count(params);
-  }
-  if (call.op == weftAvg && is_reduction(call.collective) &&
-      (call.collective != algo::Collective::Reduce || comm.rank() == call.root)) {
-    job.math.divide_count = call.count;
-    job.math.divisor = static_cast<uint64_t>(comm.nranks());
-  }
-  job.tag_kind = TagKind::Collective;
-  job.what = name_of(call.collective);
-  job.shape.collective = call.collective;
-  job.shape.dtype = call.dtype;
-  job.shape.op = is_reduction(call.collective) ? (premul != nullptr ? weftNumOps : call.op) : 0;
-  job.shape.root = params.root;
-  job.shape.count = call.count;
+  describe_job(comm, call, params, element, premul, &job);
+  if (call.collective == algo::Collective::AllToAllv)
+    keep_alltoallv_counts(comm, call, batch, &job);
   WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s chunk %llu in-place %d",
            name_of(call.collective), static_cast<unsigned long long>(call.count),
            dtype_name(call.dtype), algo::algorithm_name(plan.algorithm),
@@ -313,10 +368,62 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   return Status::Ok();
 }
 
+// The collectives the fast path serves: every one with a direct algorithm but AllToAllv
+// (planned at a nominal size, its counts copied per call).
+bool fast_path_serves(algo::Collective collective) {
+  switch (collective) {
+    case algo::Collective::AllReduce:
+    case algo::Collective::ReduceScatter:
+    case algo::Collective::AllGather:
+    case algo::Collective::Broadcast:
+    case algo::Collective::Reduce:
+    case algo::Collective::AllToAll:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The blocking fast path: a call on no stream, outside any group, with a built-in op, at a
+// size the tuner sends to a direct algorithm, runs at once: the same validation, numbering,
+// announcement (mismatch detection) and waits as the general path, without its batch,
+// JobRunner or program lookup, and the tuner's cached decision read without a lock. Returns
+// false, having done nothing, for a call that does not qualify; otherwise *status is its outcome.
+bool run_fast_path(Communicator& comm, const CollectiveCall& call, Status* status) {
+  static const bool enabled = env_value("WEFT_FAST_PATH") != 0;
+  if (!enabled || !fast_path_serves(call.collective) || call.op >= weftNumOps || in_group() ||
+      !comm.direct()->available())
+    return false;
+  const size_t element = dtype_size(call.dtype);
+  *status = validate(comm, call, element);
+  if (!status->ok()) return true;
+  const algo::Algorithm algorithm =
+      comm.tuner().algorithm(call.collective, call.count * element, element);
+  if (!algo::is_direct(algorithm) || !algo::supports(algorithm, call.collective)) return false;
+  algo::Params params = call_params(comm, call);
+  *status = check_buffers(call, params, nullptr);
+  if (!status->ok()) return true;
+  DirectCall direct;
+  direct.collective = call.collective;
+  direct.algorithm = algorithm;
+  direct.count = call.count;
+  direct.root = params.root;
+  Job job;
+  job.comm = &comm;
+  job.direct = &direct;
+  describe_job(comm, call, params, element, nullptr, &job);
+  WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s: blocking fast path",
+           name_of(call.collective), static_cast<unsigned long long>(call.count),
+           dtype_name(call.dtype), algo::algorithm_name(algorithm));
+  *status = launch_direct(job);
+  return true;
+}
+
 }  // namespace
 
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream) {
   WEFT_RETURN_IF_ERROR(comm.usable());
+  if (Status fast; stream == nullptr && run_fast_path(comm, call, &fast)) return fast;
   JobBatch* batch = nullptr;
   WEFT_RETURN_IF_ERROR(begin_submit(stream, &batch));
   return finish_submit(prepare_collective(comm, call, *batch));

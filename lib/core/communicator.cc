@@ -55,6 +55,25 @@ bool decode_peer(const Blob& blob, PeerInfo* peer) {
          reader.get_blob(&peer->transport_address);
 }
 
+// A new communicator's rendezvous, hosted by this rank: its unique id's bytes.
+Status start_child_root(int64_t timeout_ms, Blob* id_blob) {
+  RootAddress root;
+  WEFT_RETURN_IF_ERROR(choose_interface_address(&root.address, nullptr));
+  WEFT_RETURN_IF_ERROR(random_bytes(root.secret.data(), root.secret.size()));
+  WEFT_RETURN_IF_ERROR(start_root(&root, timeout_ms));
+  weftUniqueId id;
+  WEFT_RETURN_IF_ERROR(encode_unique_id(root, &id));
+  id_blob->assign(id.internal, id.internal + sizeof(id.internal));
+  return Status::Ok();
+}
+
+bool root_from_blob(const Blob& id_blob, RootAddress* root) {
+  weftUniqueId id;
+  if (id_blob.size() != sizeof(id.internal)) return false;
+  memcpy(id.internal, id_blob.data(), sizeof(id.internal));
+  return decode_unique_id(id, root).ok();
+}
+
 }  // namespace
 
 namespace {
@@ -107,7 +126,16 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   set_log_rank(rank);
   log_environment_once();
 
+  // Setup phases, timed for the INIT log (bench/perf/comm_setup.sh sums them).
+  Clock::time_point phase_start = Clock::now();
+  auto phase_ms = [&phase_start] {
+    Clock::time_point now = Clock::now();
+    double ms = std::chrono::duration<double, std::milli>(now - phase_start).count();
+    phase_start = now;
+    return ms;
+  };
   WEFT_RETURN_IF_ERROR(ucx::Transport::create(&comm->transport_));
+  const double transport_ms = phase_ms();
   PeerInfo self;
   self.host_hash = host_hash();
   self.host = hostname();
@@ -124,11 +152,12 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   std::vector<Blob> table;
   WEFT_RETURN_IF_ERROR(Bootstrap::join(
       root, rank, nranks, encode_peer(self), comm->config_.timeout_ms,
-      [raw](weftResult_t code, const std::string& message) { raw->fail(code, message); },
+      [raw](weftResult_t code, const std::string& message) { raw->fail_from_peer(code, message); },
       [raw](int peer, const std::string& label, const Blob& goodbye) {
         raw->peer_left(peer, label, goodbye);
       },
       &comm->bootstrap_, &table));
+  const double bootstrap_ms = phase_ms();
 
   comm->peers_.resize(nranks);
   std::vector<Blob> addresses(nranks);
@@ -156,11 +185,16 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
         return bootstrap->allgather(mine, all, deadline);
       },
       &comm->registry_));
+  const double shm_ms = phase_ms();
+  Calibration machine;
+  WEFT_RETURN_IF_ERROR(load_calibration(&machine));
   comm->tuner_ = std::make_unique<Tuner>(
-      tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_));
-  WEFT_LOG(INFO, INIT, "communicator%s%s: rank %d of %d ready (timeout %lld ms)",
+      tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_, machine));
+  WEFT_LOG(INFO, INIT,
+           "communicator%s%s: rank %d of %d ready (timeout %lld ms); setup phases: transport "
+           "%.3f ms, bootstrap %.3f ms, shared memory %.3f ms",
            comm->config_.name.empty() ? "" : " ", comm->config_.name.c_str(), rank, nranks,
-           static_cast<long long>(comm->config_.timeout_ms));
+           static_cast<long long>(comm->config_.timeout_ms), transport_ms, bootstrap_ms, shm_ms);
   {
     std::lock_guard<std::mutex> lock(live_mutex);
     live_communicators().push_back(comm.get());
@@ -203,17 +237,77 @@ Status Communicator::usable() const {
   return Status(code, "communicator failed earlier: " + failed_message_);
 }
 
+namespace {
+// The ranks a timeout message says it waited for: every "rank N" after "waiting for" (the
+// waits' descriptions are where the executor and the direct path name them).
+std::vector<int32_t> ranks_waited_for(const std::string& message) {
+  std::vector<int32_t> ranks;
+  size_t at = message.find("waiting for ");
+  while (at != std::string::npos && (at = message.find("rank ", at)) != std::string::npos) {
+    at += 5;
+    char* end = nullptr;
+    long rank = strtol(message.c_str() + at, &end, 10);
+    if (end != message.c_str() + at && std::find(ranks.begin(), ranks.end(), rank) == ranks.end())
+      ranks.push_back(static_cast<int32_t>(rank));
+  }
+  return ranks;
+}
+}  // namespace
+
 void Communicator::fail(weftResult_t code, const std::string& message) {
+  if (code == weftTimeout && bootstrap_ && async_error() == weftSuccess &&
+      bootstrap_->report_failure(message, ranks_waited_for(message))) {
+    std::unique_lock<std::mutex> lock(failure_mutex_);
+    if (!failed_.wait_for(lock, std::chrono::milliseconds(Bootstrap::kVerdictGraceMs),
+                          [&] { return failed_code_.load() != weftSuccess; })) {
+      // The peer this rank waits for may itself wait for a stalled rank, which only the root
+      // could have said: its silence is part of the answer.
+      lock.unlock();
+      record_failure(code, message + "; no verdict from the bootstrap root, hosted by " +
+                               bootstrap_->root_host() + ", within " +
+                               std::to_string(Bootstrap::kVerdictGraceMs) +
+                               " ms: that process is stalled too");
+      return;
+    }
+    // The verdict was this rank's own report: it stays a timeout.
+    if (failed_message_ == message) failed_code_.store(weftTimeout, std::memory_order_release);
+    return;
+  }
+  if ((code == weftSystemError || code == weftRemoteError) && bootstrap_ &&
+      async_error() == weftSuccess) {
+    // A peer's death shows first as a broken transfer (UCX: "Shared memory error", "Connection
+    // reset") on the ranks that talk to it; the bootstrap's verdict, which names the dead rank,
+    // follows within moments and is the better answer.
+    std::unique_lock<std::mutex> lock(failure_mutex_);
+    if (failed_.wait_for(lock, std::chrono::milliseconds(Bootstrap::kVerdictGraceMs),
+                         [&] { return failed_code_.load() != weftSuccess; }))
+      return;
+  }
+  record_failure(code, message);
+}
+
+Status Communicator::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return Status(failed_code_.load(std::memory_order_acquire), failed_message_);
+}
+
+void Communicator::fail_from_peer(weftResult_t code, const std::string& message) {
+  record_failure(code, message);
+}
+
+bool Communicator::record_failure(weftResult_t code, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
-    if (failed_code_.load() != weftSuccess) return;
+    if (failed_code_.load() != weftSuccess) return false;
     failed_message_ = message;
     failed_code_.store(code, std::memory_order_release);
   }
+  failed_.notify_all();
   WEFT_LOG(WARN, INIT, "rank %d: communicator failed: %s", rank_, message.c_str());
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
   direct_->interrupt();
+  return true;
 }
 
 Status Communicator::post_send(int peer, TagKind kind, uint64_t sequence, const void* data,
@@ -239,6 +333,7 @@ Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, void* 
 Status Communicator::split(int color, int key, const CommConfig& config,
                            std::unique_ptr<Communicator>* out) {
   WEFT_RETURN_IF_ERROR(usable());
+  const Clock::time_point split_start = Clock::now();
   Deadline deadline = deadline_after_ms(config_.timeout_ms);
   WireWriter mine;
   mine.put<int32_t>(color);
@@ -263,35 +358,23 @@ Status Communicator::split(int color, int key, const CommConfig& config,
 
   // The leader of each color hosts the new communicator's root.
   Blob id_blob;
-  if (leader) {
-    RootAddress root;
-    WEFT_RETURN_IF_ERROR(choose_interface_address(&root.address, nullptr));
-    WEFT_RETURN_IF_ERROR(random_bytes(root.secret.data(), root.secret.size()));
-    CommConfig child = config;
-    if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
-    WEFT_RETURN_IF_ERROR(start_root(&root, child.timeout_ms));
-    weftUniqueId id;
-    WEFT_RETURN_IF_ERROR(encode_unique_id(root, &id));
-    id_blob.assign(id.internal, id.internal + sizeof(id.internal));
-  }
+  CommConfig child = config;
+  if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
+  if (leader) WEFT_RETURN_IF_ERROR(start_child_root(child.timeout_ms, &id_blob));
   WEFT_RETURN_IF_ERROR(bootstrap_->allgather(id_blob, &all, deadline));
+  WEFT_LOG(INFO, INIT, "split: rank %d: setup phases: split exchange %.3f ms", rank_,
+           std::chrono::duration<double, std::milli>(Clock::now() - split_start).count());
   if (members.empty()) {
     out->reset();
     return Status::Ok();
   }
-  const Blob& leader_id = all[members.front().rank];
-  weftUniqueId id;
-  if (leader_id.size() != sizeof(id.internal))
+  RootAddress root;
+  if (!root_from_blob(all[members.front().rank], &root))
     return Error(weftRemoteError, "split: no unique id from the group's leader rank %d",
                  members.front().rank);
-  memcpy(id.internal, leader_id.data(), sizeof(id.internal));
-  RootAddress root;
-  WEFT_RETURN_IF_ERROR(decode_unique_id(id, &root));
   int new_rank = static_cast<int>(std::find_if(members.begin(), members.end(),
                                                [&](const Member& m) { return m.rank == rank_; }) -
                                   members.begin());
-  CommConfig child = config;
-  if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
   if (child.name.empty()) child.name = config_.name + "/" + std::to_string(color);
   return Communicator::create(root, static_cast<int>(members.size()), new_rank, child, out);
 }
@@ -380,7 +463,7 @@ void Communicator::peer_left(int peer, const std::string& label,
     std::atomic_thread_fence(std::memory_order_seq_cst);
     conflict = departure_conflict(peer);
   }
-  if (!conflict.empty()) fail(weftRemoteError, conflict);
+  if (!conflict.empty()) record_failure(weftRemoteError, conflict);
 }
 
 std::string Communicator::departure_conflict(int peer) const {
@@ -411,15 +494,53 @@ Status Communicator::check_departures() {
       if (departures_[peer]) conflict = departure_conflict(peer);
   }
   if (conflict.empty()) return Status::Ok();
-  fail(weftRemoteError, conflict);
+  record_failure(weftRemoteError, conflict);
   return Status(weftRemoteError, conflict);
 }
 
 void Communicator::abort() {
-  fail(weftRemoteError, "rank " + std::to_string(rank_) + " aborted the communicator");
+  record_failure(weftRemoteError, "rank " + std::to_string(rank_) + " aborted the communicator");
   if (bootstrap_) bootstrap_->leave(false, {});
+  close_endpoints();
+}
+
+void Communicator::revoke() {
+  const std::string message = "rank " + std::to_string(rank_) + " revoked the communicator";
+  // The control plane stays: peers learn of it through the root, and shrink needs it.
+  if (record_failure(weftRemoteError, message) && bootstrap_) bootstrap_->report_failure(message);
+  close_endpoints();
+}
+
+void Communicator::close_endpoints() {
+  // Transfers in flight end with an error at once instead of at their timeout.
   std::lock_guard<std::mutex> lock(transport_mutex_);
   transport_->close_endpoints(true, 0);
+}
+
+Status Communicator::shrink(std::span<const int> exclude, const CommConfig& config,
+                            std::unique_ptr<Communicator>* out) {
+  out->reset();
+  std::vector<int32_t> excluded(exclude.begin(), exclude.end());
+  std::sort(excluded.begin(), excluded.end());
+  // Survivors keep their order; the first of them hosts the new root.
+  std::vector<int> survivors;
+  for (int peer = 0; peer < nranks_; ++peer)
+    if (!std::binary_search(excluded.begin(), excluded.end(), peer)) survivors.push_back(peer);
+  const int new_rank =
+      static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
+  CommConfig child = config;
+  if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
+  if (child.name.empty()) child.name = config_.name + "/shrunk";
+  Blob id_blob;
+  if (new_rank == 0) WEFT_RETURN_IF_ERROR(start_child_root(child.timeout_ms, &id_blob));
+  std::vector<Blob> parts;
+  WEFT_RETURN_IF_ERROR(
+      bootstrap_->shrink(excluded, id_blob, &parts, deadline_after_ms(config_.timeout_ms)));
+  RootAddress root;
+  if (parts.size() != survivors.size() || !root_from_blob(parts.front(), &root))
+    return Error(weftRemoteError, "shrink: no unique id from the new rank 0 (old rank %d)",
+                 survivors.front());
+  return Communicator::create(root, static_cast<int>(survivors.size()), new_rank, child, out);
 }
 
 // ------------------------------------------------------------------ waiting
@@ -431,8 +552,9 @@ Status complete_status(const PendingOp& op) {
                    "rank %d sent %zu bytes where rank %d's receive expects %zu (mismatched "
                    "counts or datatypes)",
                    op.peer, op.request->info.length, op.comm->rank(), op.request->expected_bytes);
-  if (!status.ok()) op.comm->fail(status.code(), status.message());
-  return status;
+  if (status.ok()) return status;
+  op.comm->fail(status.code(), status.message());
+  return op.comm->failure();  // the verdict, which may name a dead peer behind a broken transfer
 }
 
 void ProgressLoop::disarm() {
@@ -444,9 +566,16 @@ void ProgressLoop::idle(Clock::time_point now, Deadline deadline, shm::Doorbell*
                         bool direct_waits) {
   if (idle_since_ == Clock::time_point()) {
     idle_since_ = now;
-    // With more ranks than cores a spinning rank only delays the peer it waits for.
-    pure_spin_ = std::none_of(comms_.begin(), comms_.end(),
-                              [](const Communicator* comm) { return comm->oversubscribed(); });
+    // With more ranks than cores a spinning rank only delays the peer it waits for; so
+    // does one that spins for a peer on its own CPU (a 4 KiB AllGather took 15 us instead
+    // of 1 with two unbound ranks on one core: docs/performance.md, "Mid-size").
+    pure_spin_ = std::none_of(comms_.begin(), comms_.end(), [](const Communicator* comm) {
+      if (comm->oversubscribed()) return true;
+      if (!comm->direct()->shares_cpu_with_peer()) return false;
+      WEFT_LOG(TRACE, COLL, "rank %d: a peer runs on this CPU: the wait yields without spinning",
+               comm->rank());
+      return true;
+    });
   }
   if (pure_spin_ && now < idle_since_ + kPureSpin) return;
   progress_all_communicators();
@@ -493,7 +622,7 @@ Status ProgressLoop::timeout(int64_t timeout_ms, const std::string& what) {
   Status status = Error(weftTimeout, "rank %d: timed out after %lld ms waiting for %s",
                         comms_.front()->rank(), static_cast<long long>(timeout_ms), what.c_str());
   for (Communicator* comm : comms_) comm->fail(status.code(), status.message());
-  return status;
+  return comms_.front()->failure();  // the verdict, which may name a peer nearer the cause
 }
 
 }  // namespace weft

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -91,7 +92,14 @@ class Communicator {
   // weftSuccess, or the error that failed the communicator.
   weftResult_t async_error() const { return failed_code_.load(std::memory_order_acquire); }
   // Marks the communicator failed (first cause wins) and wakes every wait.
+  // A timeout found here is also sent to every peer (through the bootstrap
+  // root), so that none of them waits out a second timeout of its own; and
+  // since peers waiting for each other time out together, the root's verdict
+  // (the report that waits for a rank which reported nothing) is awaited
+  // briefly, and becomes this communicator's failure.
   void fail(weftResult_t code, const std::string& message);
+  // Why the communicator failed (Ok if it did not).
+  Status failure() const;
 
   // Posts a send/receive of raw bytes with the next point-to-point tag for `peer`.
   Status post_send(int peer, TagKind kind, uint64_t sequence, const void* data, size_t bytes,
@@ -122,6 +130,8 @@ class Communicator {
   // A peer that left on purpose (finalize or destroy) had launched what its
   // goodbye counts. Work this rank launched beyond that can never complete:
   // the communicator fails at once, naming the peer, instead of at the timeout.
+  // A failure a peer reported (through the root): recorded, not passed on.
+  void fail_from_peer(weftResult_t code, const std::string& message);
   void peer_left(int peer, const std::string& label, const std::vector<uint8_t>& goodbye);
   // Whether a peer has left (after a seq_cst fence that follows the launch's
   // sequence numbers, so that peer_left either sees them or is seen).
@@ -136,6 +146,14 @@ class Communicator {
   Status finalize();
   // Abandons everything in flight; peers are told this rank aborted.
   void abort();
+  // Fails every operation in flight or to come, here and (through the root)
+  // on every peer, but keeps the control plane, so that shrink can follow.
+  void revoke();
+  // The ranks outside `exclude` (valid, distinct ranks, not this one: the caller checks) form a new
+  // communicator, renumbered in rank order, with no help from the excluded ones. Works on a failed
+  // communicator; needs the root.
+  Status shrink(std::span<const int> exclude, const CommConfig& config,
+                std::unique_ptr<Communicator>* out);
 
   // Transport access, serialised by the communicator's lock so that the
   // progress thread (streams) and the calling thread can share it.
@@ -171,6 +189,7 @@ class Communicator {
   // What this rank launched, for its goodbye: collectives, then per peer the
   // sends to it and the receives from it.
   std::vector<uint8_t> goodbye() const;
+  void close_endpoints();
   // The message for work that needs `peer`, which left after it; "" if none does.
   std::string departure_conflict(int peer) const;
 
@@ -192,9 +211,12 @@ class Communicator {
   AlgorithmOverrides overrides_;
   std::unique_ptr<Tuner> tuner_;  // per-size decisions, cached
   std::vector<std::optional<PreMulSum>> premulsums_;
+  // The first cause wins: false if the communicator had failed already.
+  bool record_failure(weftResult_t code, const std::string& message);
   int wake_fd_ = -1;  // eventfd: written when the communicator fails
   std::atomic<weftResult_t> failed_code_{weftSuccess};
   mutable std::mutex failure_mutex_;
+  std::condition_variable failed_;  // notified when a failure is recorded
   std::string failed_message_;
   bool finalized_ = false;
   bool oversubscribed_ = false;
@@ -229,6 +251,9 @@ class ProgressLoop {
             bool direct_waits = false);
   // Marks every communicator failed with a timeout naming `what`.
   Status timeout(int64_t timeout_ms, const std::string& what);
+  // Leaves the doorbell armed by idle(): before an op finishes, since its communicator (whose
+  // shared memory holds the doorbell) may then be destroyed.
+  void disarm();
 
  private:
   std::span<Communicator* const> comms_;
@@ -238,7 +263,6 @@ class ProgressLoop {
   std::vector<struct pollfd> fds_;
   shm::Doorbell* armed_ = nullptr;  // announced as a sleeper there
   uint32_t armed_seen_ = 0;
-  void disarm();
   static constexpr auto kPureSpin = std::chrono::microseconds(5);
   static constexpr auto kYieldSpin = std::chrono::microseconds(50);
   static constexpr int kDoorbellSliceMs = 10;

@@ -1,10 +1,13 @@
 #include "core/direct.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "common/dtype.h"
 #include "common/env.h"
@@ -21,6 +24,20 @@ constexpr size_t kLine = 64;
 // off because on the 2-core VM measured (docs/shared-memory.md) process_vm_readv,
 // which pins the peer's pages one by one, copied 4-8 times slower than memcpy.
 constexpr uint64_t kMinStagingBytes = 4096;
+constexpr size_t kControlBytes = 512;  // keeps the staging well aligned
+// Announcements (mismatch detection) follow the control block: the last kAnnounced
+// collectives this rank launched, slot sequence % kAnnounced. A slot's words: sequence + 1
+// once the call's words are written (0 while they change: a reader that sees the same
+// value before and after reading them has a consistent call), the count, the packed shape,
+// sequence + 1 once the next word holds the input's hash (WEFT_CHECK=full), then for
+// AllToAllv the rank's send counts and receive counts, nranks each.
+constexpr uint64_t kAnnounced = 8;
+constexpr size_t kSlotSequence = 0, kSlotCount = 1, kSlotShape = 2, kSlotHashed = 3, kSlotHash = 4,
+                 kSlotCounts = 5;
+// A ready word's layout: the round above kRoundShift, the call's tag below it (bits 1 to 23,
+// so that 2^40 rounds fit), whether the rank needs another round in bit 0.
+constexpr unsigned kRoundShift = 24;
+constexpr uint64_t kTagMask = (uint64_t{1} << (kRoundShift - 1)) - 1;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -28,6 +45,31 @@ constexpr size_t kMaxPeerMappings = 256;
 
 size_t round_up(size_t bytes, size_t to) {
   return (bytes + to - 1) / to * to;
+}
+
+// Words per announcement slot, whole cache lines.
+size_t slot_words(int nranks) {
+  return round_up(kSlotCounts + 2 * static_cast<size_t>(nranks), kLine / sizeof(uint64_t));
+}
+
+// What precedes the staging in each rank's segment: the control block and the announcements.
+size_t header_bytes(int nranks) {
+  return round_up(kControlBytes + kAnnounced * slot_words(nranks) * sizeof(uint64_t),
+                  kControlBytes);
+}
+
+// WEFT_CHECK, or on when unset; a value that does not parse fails init.
+Status read_check_mode(CheckMode* mode) {
+  const EnvVar& var = env_var("WEFT_CHECK");
+  std::optional<std::string> text = env_string(var.name);
+  *mode = CheckMode::On;
+  if (!text) return Status::Ok();
+  std::string expected;
+  std::optional<uint64_t> value = parse_env_value(var, *text, &expected);
+  if (!value)
+    return Error(weftInvalidArgument, "WEFT_CHECK=%s is not %s", text->c_str(), expected.c_str());
+  *mode = static_cast<CheckMode>(*value);
+  return Status::Ok();
 }
 
 void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
@@ -118,15 +160,51 @@ uint64_t piece(uint64_t total, uint64_t step, uint64_t per_round) {
   return begin >= total ? 0 : std::min(per_round, total - begin);
 }
 
+// The room-sized default: a communicator takes at most this share of what is
+// free in /dev/shm when its ranks set up (1/64: 64 communicators leave a third
+// of it), so that dozens fit in a container's 64 MB, each later one getting a
+// little less, instead of the first few taking it all and the rest falling
+// back to the message path.
+constexpr uint64_t kRoomShare = 64;
+constexpr uint64_t kPage = 4096;
+
+// This rank's staging bytes: `requested`, or less when /dev/shm is short and
+// WEFT_SHM_BYTES was not set (then one WARN per process).
+size_t staging_size(uint64_t requested, int nranks, int rank, size_t header) {
+  uint64_t bytes = requested;
+  std::optional<uint64_t> room = shm::free_bytes();
+  // An explicit WEFT_SHM_BYTES is taken as asked (no room: the message path).
+  if (nranks > 1 && room && !env_string("WEFT_SHM_BYTES")) {
+    const uint64_t fits = *room / (kRoomShare * static_cast<uint64_t>(nranks));
+    if (fits < requested) {
+      // Whole pages with the header (tmpfs reserves pages).
+      bytes = std::max(fits + header, kPage) / kPage * kPage - header;
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true))
+        WEFT_LOG(WARN, INIT,
+                 "rank %d: /dev/shm has %llu bytes free: direct-path staging of %llu bytes per "
+                 "rank instead of %llu (larger messages take more rounds; enlarge /dev/shm or "
+                 "set WEFT_SHM_BYTES)",
+                 rank, static_cast<unsigned long long>(*room),
+                 static_cast<unsigned long long>(bytes),
+                 static_cast<unsigned long long>(requested));
+    }
+  }
+  return round_up(std::max<size_t>(bytes, 2 * nranks * kLine), 2 * kLine);
+}
+
 }  // namespace
 
 // Each rank's segment starts with its control block; its staging follows.
 // Fields that different ranks write sit on different cache lines.
 struct DirectState::Control {
-  // Per staging half: (last round published in it << 1) | whether this rank
-  // needs another round. A peer one round ahead publishes in the other half,
-  // so the round being read keeps its `more` bit.
+  // Per staging half: (last round published in it << kRoundShift) | the call's tag
+  // (Job::ready_tag) << 1 | whether this rank needs another round. A peer one round ahead
+  // publishes in the other half, so the round being read keeps its `more` bit.
   alignas(kLine) std::atomic<uint64_t> ready[2] = {0, 0};
+  // The CPU this rank last published from (sched_getcpu; -1: unknown), written before
+  // `ready` or `offer_op` (note_cpu).
+  std::atomic<int32_t> cpu{-1};
   alignas(kLine) shm::Doorbell bell;
   // This rank's offer for a zero-copy-capable op: whether peers may read its
   // input in place and how (an Offer). The fields are written first, then
@@ -136,18 +214,8 @@ struct DirectState::Control {
   std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0}, offer_bytes{0};
   // The last zero-copy op in which this rank finished reading its peers' inputs.
   alignas(kLine) std::atomic<uint64_t> done{0};
-  // The last kAnnounced collectives this rank launched, slot sequence % kAnnounced:
-  // `sequence` holds sequence + 1 once `count` and `shape` are written (0 while
-  // they change), so a reader that sees the same value before and after reading
-  // them has a consistent announcement.
-  static constexpr uint64_t kAnnounced = 8;
-  struct Announced {
-    std::atomic<uint64_t> sequence{0}, count{0}, shape{0};
-  };
-  alignas(kLine) Announced announced[kAnnounced];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
-constexpr size_t kControlBytes = 512;  // keeps the staging well aligned
 static_assert(sizeof(DirectState::Control) <= kControlBytes);
 
 struct DirectState::Offer {
@@ -169,11 +237,18 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
   rank_ = rank;
   nranks_ = nranks;
   registry_ = registry;
+  WEFT_RETURN_IF_ERROR(read_check_mode(&check_));
+  header_bytes_ = header_bytes(nranks);
+  slot_words_ = slot_words(nranks);
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
   cma_bytes_ = env_value("WEFT_SHM_CMA_BYTES");
-  if (nranks > 1 && !same_node) return Status::Ok();
+  if (nranks > 1 && !same_node) {
+    unavailable_reason_ = "this communicator's ranks are on several nodes";
+    return Status::Ok();
+  }
   if (nranks > 1 && env_value("WEFT_SHM_DISABLE") != 0) {
     WEFT_LOG(INFO, INIT, "shared memory disabled by WEFT_SHM_DISABLE");
+    unavailable_reason_ = "WEFT_SHM_DISABLE is set";
     return Status::Ok();
   }
   const uint64_t requested = env_value("WEFT_SHM_BYTES");
@@ -182,24 +257,58 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
                  static_cast<unsigned long long>(requested),
                  static_cast<unsigned long long>(kMinStagingBytes));
   // Two halves, each with a slot per peer of at least a cache line.
-  staging_bytes_ = round_up(std::max<size_t>(requested, 2 * nranks * kLine), 2 * kLine);
-  size_t total = kControlBytes + staging_bytes_;
+  staging_bytes_ = staging_size(requested, nranks, rank, header_bytes_);
+  size_t total = header_bytes_ + staging_bytes_;
 
   std::vector<shm::Segment> segments(nranks);
   if (nranks == 1) {
     WEFT_RETURN_IF_ERROR(shm::Segment::anonymous(total, &segments[0]));
-    new (segments[0].data()) Control();
+    new (segments[0].data()) Control();  // never announces: no peer would read it
   } else {
     // Stage 1: create, and learn the peers' names (every rank takes part even
     // after a failure, so that no peer waits for it).
     Status created = shm::Segment::create("weft", total, &segments[rank]);
-    if (created.ok()) new (segments[rank].data()) Control();
+    if (created.ok()) {
+      new (segments[rank].data()) Control();
+      auto* words = reinterpret_cast<std::atomic<uint64_t>*>(segments[rank].data() + kControlBytes);
+      for (size_t i = 0; i < kAnnounced * slot_words_; ++i)
+        new (&words[i]) std::atomic<uint64_t>(0);
+    }
+    // Each name travels with its segment's size: ranks may have sized theirs
+    // to different room, and all use the smallest staging.
     std::vector<std::string> names;
-    WEFT_RETURN_IF_ERROR(agree(allgather, created, segments[rank].name(), &names));
+    const uint64_t own_total = total;
+    Status agreed =
+        agree(allgather, created,
+              std::string(reinterpret_cast<const char*>(&own_total), sizeof(own_total)) +
+                  segments[rank].name(),
+              &names);
+    if (!agreed.ok() && agreed.code() == weftSystemError) {
+      // Some rank found no room (or no /dev/shm): the communicator still works, on the
+      // message path. Every rank saw the same outcome, so all of them go this way.
+      segments[rank].unlink();
+      unavailable_reason_ = "shared memory could not be set up: " + agreed.message();
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true))
+        WEFT_LOG(WARN, INIT,
+                 "rank %d: %s; communicators without room in /dev/shm use the message path "
+                 "(slower within a node)",
+                 rank, unavailable_reason_.c_str());
+      return Status::Ok();
+    }
+    WEFT_RETURN_IF_ERROR(agreed);
+    std::vector<uint64_t> totals(nranks);
+    for (int q = 0; q < nranks; ++q) {
+      if (names[q].size() > sizeof(uint64_t)) memcpy(&totals[q], names[q].data(), sizeof(uint64_t));
+      if (totals[q] <= header_bytes_)
+        return Error(weftInternalError, "shared memory: rank %d sent a malformed name", q);
+      names[q].erase(0, sizeof(uint64_t));
+      staging_bytes_ = std::min<size_t>(staging_bytes_, totals[q] - header_bytes_);
+    }
     // Stage 2: attach to every peer; then nobody needs the names any more.
     Status opened;
     for (int q = 0; q < nranks && opened.ok(); ++q)
-      if (q != rank) opened = shm::Segment::open(names[q], total, &segments[q]);
+      if (q != rank) opened = shm::Segment::open(names[q], totals[q], &segments[q]);
     // The probe word for CMA travels with this stage: its address and value,
     // and whether this rank would offer CMA at all.
     cma_probe_ = static_cast<uint64_t>(getpid()) << 32 ^ static_cast<uint64_t>(rank) ^
@@ -229,9 +338,20 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
       offer_floor_ = std::max(offer_floor_, smallest);
     }
   }
+  // This rank's staging pages are mapped now rather than at first write: otherwise the first
+  // two large calls (one per staging half) take a page fault per 4 KiB written. Peers'
+  // segments are only read, and a read fault maps 16 pages at once (fault-around), so they
+  // are left to fault: mapping them too costs every communicator's creation more CPU
+  // (docs/performance.md, "Mid-size").
+  if (nranks > 1 && !segments[rank].prefault())
+    WEFT_LOG(INFO, INIT, "rank %d: staging not prefaulted (no MADV_POPULATE): first calls fault",
+             rank);
   segments_ = std::move(segments);
-  for (const shm::Segment& segment : segments_)
+  for (const shm::Segment& segment : segments_) {
     controls_.push_back(reinterpret_cast<Control*>(segment.data()));
+    announcements_.push_back(
+        reinterpret_cast<std::atomic<uint64_t>*>(segment.data() + kControlBytes));
+  }
   bell_.store(&controls_[rank]->bell, std::memory_order_release);
   WEFT_LOG(INFO, INIT, "rank %d: direct algorithms over %zu bytes of staging per rank%s", rank,
            staging_bytes_, nranks > 1 ? " in /dev/shm" : "");
@@ -244,11 +364,23 @@ DirectState::Control& DirectState::control(int rank) const {
 
 // The half of `rank`'s staging that the round in progress uses.
 const std::byte* DirectState::staging(int rank) const {
-  return segments_[rank].data() + kControlBytes + ((round_ + 1) % 2) * (staging_bytes_ / 2);
+  return segments_[rank].data() + header_bytes_ + ((round_ + 1) % 2) * (staging_bytes_ / 2);
 }
 
 std::byte* DirectState::own_staging() const {
   return const_cast<std::byte*>(staging(rank_));
+}
+
+void DirectState::note_cpu() const {
+  if (nranks_ > 1) control(rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
+}
+
+bool DirectState::shares_cpu_with_peer() const {
+  if (!shared()) return false;
+  const int cpu = sched_getcpu();
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_ && controls_[q]->cpu.load(std::memory_order_relaxed) == cpu) return true;
+  return false;
 }
 
 void DirectState::interrupt() {
@@ -263,17 +395,27 @@ void DirectState::ring_peers() const {
 }
 
 namespace {
+// The collective is the packed word's low byte.
+static_assert(std::endian::native == std::endian::little, "pack_shape's layout");
+constexpr uint64_t kAllToAllvShape = static_cast<uint64_t>(algo::Collective::AllToAllv);
 uint64_t pack_shape(const CallShape& call) {
-  return static_cast<uint64_t>(call.collective) | static_cast<uint64_t>(call.dtype) << 8 |
-         static_cast<uint64_t>(call.op & 0xff) << 16 |
-         static_cast<uint64_t>(static_cast<uint32_t>(call.root)) << 32;
+  uint64_t word;
+  memcpy(&word, &call, sizeof(word));
+  return word;
+}
+// The call's sequence, count and shape hashed to the ready word's tag bits (a
+// multiply-xorshift: calls that differ in any of them differ in the tag but for one pair
+// in 2^23).
+uint64_t ready_tag(uint64_t sequence, uint64_t count, uint64_t shape) {
+  uint64_t word = (sequence * 0x9E3779B97F4A7C15ull ^ count) * 0xFF51AFD7ED558CCDull;
+  return ((word ^ shape) * 0xC4CEB9FE1A85EC53ull) >> (64 - (kRoundShift - 1));
 }
 CallShape unpack_shape(uint64_t shape, uint64_t count) {
   CallShape call;
   call.collective = static_cast<algo::Collective>(shape & 0xff);
-  call.dtype = static_cast<weftDataType_t>((shape >> 8) & 0xff);
-  call.op = static_cast<int>((shape >> 16) & 0xff);
-  call.root = static_cast<int>(static_cast<uint32_t>(shape >> 32));
+  call.dtype = static_cast<uint8_t>(shape >> 8);
+  call.op = static_cast<uint8_t>(shape >> 16);
+  call.root = static_cast<int32_t>(shape >> 32);
   call.count = count;
   return call;
 }
@@ -282,11 +424,12 @@ CallShape unpack_shape(uint64_t shape, uint64_t count) {
 std::string describe_call(const CallShape& call) {
   static const char* const kOps[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
   std::string text = algo::collective_name(call.collective);
-  text += "(count=" + std::to_string(call.count) + ", " + dtype_name(call.dtype);
+  text += "(count=" + std::to_string(call.count) + ", " +
+          dtype_name(static_cast<weftDataType_t>(call.dtype));
   bool reduction = call.collective == algo::Collective::AllReduce ||
                    call.collective == algo::Collective::ReduceScatter ||
                    call.collective == algo::Collective::Reduce;
-  if (reduction) text += std::string(", ") + (call.op >= 0 && call.op <= 5 ? kOps[call.op] : "?");
+  if (reduction) text += std::string(", ") + (call.op <= 5 ? kOps[call.op] : "?");
   bool rooted = call.collective == algo::Collective::Broadcast ||
                 call.collective == algo::Collective::Reduce ||
                 call.collective == algo::Collective::Gather ||
@@ -295,39 +438,126 @@ std::string describe_call(const CallShape& call) {
   return text + ")";
 }
 
-void DirectState::announce(uint64_t sequence, const CallShape& call) {
-  Control::Announced& slot = control(rank_).announced[sequence % Control::kAnnounced];
-  slot.sequence.store(0, std::memory_order_relaxed);
+inline std::atomic<uint64_t>* DirectState::announcement(int rank, uint64_t sequence) const {
+  return announcements_[rank] + (sequence % kAnnounced) * slot_words_;
+}
+
+void DirectState::announce(Job& job) {
+  const uint64_t sequence = job.sequence;
+  const CallShape& call = job.shape;
+  std::atomic<uint64_t>* slot = announcement(rank_, sequence);
+  const uint64_t shape = pack_shape(call);
+  slot[kSlotSequence].store(0, std::memory_order_relaxed);
+  slot[kSlotHashed].store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  slot.count.store(call.count, std::memory_order_relaxed);
-  slot.shape.store(pack_shape(call), std::memory_order_relaxed);
-  slot.sequence.store(sequence + 1, std::memory_order_release);
+  slot[kSlotCount].store(call.count, std::memory_order_relaxed);
+  slot[kSlotShape].store(shape, std::memory_order_relaxed);
+  if (job.alltoallv_counts != nullptr)
+    for (size_t i = 0; i < 2 * static_cast<size_t>(nranks_); ++i)
+      slot[kSlotCounts + i].store(job.alltoallv_counts[i], std::memory_order_relaxed);
+  slot[kSlotSequence].store(sequence + 1, std::memory_order_release);
+  job.announced_shape = shape;
+  job.ready_tag = ready_tag(sequence, call.count, shape);
+}
+
+void DirectState::announce_input_hash(uint64_t sequence, uint64_t hash) {
+  std::atomic<uint64_t>* slot = announcement(rank_, sequence);
+  slot[kSlotHash].store(hash, std::memory_order_relaxed);
+  slot[kSlotHashed].store(sequence + 1, std::memory_order_release);
+}
+
+std::optional<uint64_t> DirectState::announced_word(int rank, uint64_t sequence,
+                                                    size_t word) const {
+  const std::atomic<uint64_t>* slot = announcement(rank, sequence);
+  if (slot[kSlotSequence].load(std::memory_order_acquire) != sequence + 1) return std::nullopt;
+  uint64_t value = slot[word].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (slot[kSlotSequence].load(std::memory_order_relaxed) != sequence + 1)
+    return std::nullopt;  // rewritten meanwhile
+  return value;
+}
+
+std::optional<uint64_t> DirectState::input_hash(int rank, uint64_t sequence) const {
+  if (announced_word(rank, sequence, kSlotHashed) != sequence + 1) return std::nullopt;
+  std::optional<uint64_t> hash = announced_word(rank, sequence, kSlotHash);
+  // Written before kSlotHashed, which a relaunch clears first: still this sequence's?
+  if (announced_word(rank, sequence, kSlotHashed) != sequence + 1) return std::nullopt;
+  return hash;
+}
+
+namespace {
+// Count and packed shape of the announcement in `slot`, if it is `sequence`'s.
+inline bool read_call(const std::atomic<uint64_t>* slot, uint64_t sequence, uint64_t* count,
+                      uint64_t* shape) {
+  if (slot[kSlotSequence].load(std::memory_order_acquire) != sequence + 1) return false;
+  *count = slot[kSlotCount].load(std::memory_order_relaxed);
+  *shape = slot[kSlotShape].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return slot[kSlotSequence].load(std::memory_order_relaxed) == sequence + 1;
+}
+}  // namespace
+
+inline bool DirectState::announced_call(int rank, uint64_t sequence, uint64_t* count,
+                                        uint64_t* shape) const {
+  return read_call(announcement(rank, sequence), sequence, count, shape);
+}
+
+bool DirectState::agrees(uint64_t sequence, uint64_t count, uint64_t shape) const {
+  if ((shape & 0xff) == kAllToAllvShape) return false;
+  // In locals: read_call's acquire loads would make the compiler reload members each turn.
+  const size_t offset = (sequence % kAnnounced) * slot_words_;
+  std::atomic<uint64_t>* const* slots = announcements_.data();
+  const int n = nranks_, me = rank_;
+  uint64_t theirs_count = 0, theirs_shape = 0;
+  for (int q = 0; q < n; ++q)
+    if (q != me && read_call(slots[q] + offset, sequence, &theirs_count, &theirs_shape) &&
+        (theirs_count != count || theirs_shape != shape))
+      return false;
+  return true;
 }
 
 std::string DirectState::mismatch(uint64_t sequence, const CallShape& call) const {
   const uint64_t mine = pack_shape(call);
   for (int q = 0; q < nranks_; ++q) {
-    if (q == rank_) continue;
-    const Control::Announced& slot = controls_[q]->announced[sequence % Control::kAnnounced];
-    if (slot.sequence.load(std::memory_order_acquire) != sequence + 1) continue;
-    uint64_t count = slot.count.load(std::memory_order_relaxed);
-    uint64_t shape = slot.shape.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (slot.sequence.load(std::memory_order_relaxed) != sequence + 1) continue;  // rewritten
+    uint64_t count = 0, shape = 0;
+    if (q == rank_ || !announced_call(q, sequence, &count, &shape)) continue;
     if (count == call.count && shape == mine) continue;
     return "mismatched collectives: rank " + std::to_string(q) + " called " +
            describe_call(unpack_shape(shape, count)) + " while rank " + std::to_string(rank_) +
            " called " + describe_call(call) + ", sequence " + std::to_string(sequence);
   }
+  return call.collective == algo::Collective::AllToAllv ? count_mismatch(sequence, mine) : "";
+}
+
+// Every rank scans the same matrix in the same order, so all name the same pair.
+std::string DirectState::count_mismatch(uint64_t sequence, uint64_t shape) const {
+  const size_t n = static_cast<size_t>(nranks_);
+  // Only rows of ranks that made this call hold counts.
+  auto same_call = [&](int q) { return announced_word(q, sequence, kSlotShape) == shape; };
+  for (int from = 0; from < nranks_; ++from) {
+    if (!same_call(from)) continue;
+    for (int to = 0; to < nranks_; ++to) {
+      if (!same_call(to)) continue;
+      std::optional<uint64_t> sends = announced_word(from, sequence, kSlotCounts + to);
+      std::optional<uint64_t> receives = announced_word(to, sequence, kSlotCounts + n + from);
+      if (!sends || !receives || *sends == *receives) continue;
+      return "mismatched alltoallv counts: rank " + std::to_string(from) + " sends " +
+             std::to_string(*sends) + " elements to rank " + std::to_string(to) + " while rank " +
+             std::to_string(to) + " receives " + std::to_string(*receives) + " from rank " +
+             std::to_string(from) + ", sequence " + std::to_string(sequence);
+    }
+  }
   return "";
 }
 
-bool DirectState::peers_ready(uint64_t round, bool* more) const {
+bool DirectState::peers_ready(uint64_t round, uint64_t tag, bool* more, bool* same_call) const {
   *more = false;
+  *same_call = true;
   for (Control* peer : controls_) {
     uint64_t ready = peer->ready[round % 2].load(std::memory_order_acquire);
-    if ((ready >> 1) < round) return false;
+    if ((ready >> kRoundShift) < round) return false;
     *more = *more || (ready & 1) != 0;
+    *same_call = *same_call && ((ready >> 1) & kTagMask) == tag;
   }
   return true;
 }
@@ -465,15 +695,22 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     if (!zero_copy(job, run, progressed)) return false;
     more = false;
   }
+  const uint64_t tag = job.ready_tag;
   while (more) {
     uint64_t round = round_ + 1;
     if (!run->published) {
       run->more = pack(job, input, run->step);
-      mine.ready[round % 2].store(round << 1 | (run->more ? 1 : 0), std::memory_order_release);
+      note_cpu();
+      mine.ready[round % 2].store(round << kRoundShift | tag << 1 | (run->more ? 1 : 0),
+                                  std::memory_order_release);
       ring_peers();
       run->published = true;
     }
-    if (!peers_ready(round, &more)) return false;
+    bool same_call = false;
+    if (!peers_ready(round, tag, &more, &same_call)) return false;
+    // AllToAllv's counts are not in the tag: its check at completion always runs.
+    if (run->step == 0)
+      run->same_call = same_call && job.shape.collective != algo::Collective::AllToAllv;
     unpack(job, run->step);
     round_ = round;
     ++run->step;
@@ -577,6 +814,7 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
     mine.offer_segment_bytes.store(offer.segment_bytes, std::memory_order_relaxed);
     mine.offer_offset.store(offer.offset, std::memory_order_relaxed);
     mine.offer_bytes.store(offer.bytes, std::memory_order_relaxed);
+    note_cpu();
     mine.offer_op.store(op, std::memory_order_release);
     ring_peers();
     run->offered = true;
@@ -714,14 +952,48 @@ bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
   return true;
 }
 
+namespace {
+
+// "rank 2" or "ranks 1, 3": the ranks for which `behind(q)` holds; empty if none.
+template <typename Behind>
+std::string ranks_where(int nranks, Behind behind) {
+  std::vector<int> ranks;
+  for (int q = 0; q < nranks; ++q)
+    if (behind(q)) ranks.push_back(q);
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
+  return ranks.empty() ? std::string() : text;
+}
+
+}  // namespace
+
 std::string DirectState::describe(const DirectRun& run) const {
-  if (run.path == DirectRun::Path::ZeroCopy)
-    return std::string("direct in-place op (mapped or CMA): ") +
-           (run.read ? "waiting for the peers to finish reading this rank's input"
-                     : "reading the peers' inputs");
-  if (run.offered && run.path == DirectRun::Path::Undecided)
-    return "direct op: waiting for the peers' zero-copy offers";
-  return "direct round " + std::to_string(run.step) + " with the ranks of this node";
+  const uint64_t op = run.ticket + 1;
+  std::string laggards;
+  std::string what;
+  if (tickets_done_.load(std::memory_order_acquire) != run.ticket) {
+    what = "direct op: this communicator's earlier direct ops to finish";
+  } else if (run.path == DirectRun::Path::ZeroCopy) {
+    if (run.read)
+      laggards = ranks_where(
+          nranks_, [&](int q) { return controls_[q]->done.load(std::memory_order_acquire) < op; });
+    what = std::string("direct in-place op (mapped or CMA): ") +
+           (run.read ? "the peers to finish reading this rank's input"
+                     : "this rank to read the peers' inputs");
+  } else if (run.offered && run.path == DirectRun::Path::Undecided) {
+    laggards = ranks_where(nranks_, [&](int q) {
+      return controls_[q]->offer_op.load(std::memory_order_acquire) < op;
+    });
+    what = "direct op: the peers' zero-copy offers";
+  } else {
+    const uint64_t round = round_ + 1;
+    laggards = ranks_where(nranks_, [&](int q) {
+      return (controls_[q]->ready[round % 2].load(std::memory_order_acquire) >> kRoundShift) <
+             round;
+    });
+    what = "direct round " + std::to_string(run.step) + " with the ranks of this node";
+  }
+  return laggards.empty() ? what : laggards + " (" + what + ")";
 }
 
 }  // namespace weft

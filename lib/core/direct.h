@@ -43,6 +43,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,16 +56,24 @@ namespace weft {
 
 struct Job;
 
+// WEFT_CHECK: what ranks tell each other about every collective they call
+// (docs/reliability.md, "Mismatch detection"). Off: nothing; On: the call's
+// shape, and AllToAllv's count rows; Full: also a hash of each rank's input.
+enum class CheckMode : uint8_t { Off, On, Full };
+
 // What a collective call was, as every rank must have called it: peers
-// compare theirs to find mismatched calls (DirectState::announce).
+// compare theirs to find mismatched calls (DirectState::announce). Its first 8
+// bytes are the word announced, so that announcing packs nothing.
 struct CallShape {
   algo::Collective collective = algo::Collective::AllReduce;
-  weftDataType_t dtype = weftUint8;
-  int op = 0;  // weftRedOp_t; every pre-multiplied sum counts as weftNumOps
-  int root = 0;
+  uint8_t dtype = weftUint8;  // a weftDataType_t
+  uint8_t op = 0;             // a weftRedOp_t; every pre-multiplied sum counts as weftNumOps
+  uint8_t announced = 1;      // so that the word is never 0
+  int32_t root = 0;
   uint64_t count = 0;
   friend bool operator==(const CallShape&, const CallShape&) = default;
 };
+static_assert(offsetof(CallShape, count) == sizeof(uint64_t), "the shape's word is 8 bytes");
 // "AllReduce(count=1000, float, sum)".
 std::string describe_call(const CallShape& call);
 
@@ -90,6 +99,9 @@ struct DirectRun {
   Path path = Path::Undecided;
   bool offered = false;  // this rank's offer for the op is published
   bool read = false;     // zero copy or CMA: this rank read its peers' inputs
+  // Every rank's ready word of the job's first round carried this rank's call (its tag):
+  // the peers made the same call, so the check at completion can be skipped.
+  bool same_call = false;
 };
 
 class DirectState {
@@ -105,14 +117,18 @@ class DirectState {
 
   // Collective over the communicator. `same_node`: every rank runs on this
   // node. A communicator of one gets private memory; ranks on several nodes,
-  // or WEFT_SHM_DISABLE=1, get no direct state (available() is false). A
-  // segment that cannot be created or mapped on any rank fails every rank.
+  // WEFT_SHM_DISABLE=1, or a rank without room in /dev/shm for its segment
+  // (a container's small /dev/shm) get no direct state (available() is false:
+  // collectives take the message path; the last case WARNs once). A segment
+  // that exists but cannot be mapped on some rank fails every rank.
   // `registry`: the communicator's registered buffers (outlives this state).
   Status init(int rank, int nranks, bool same_node, const AllGather& allgather,
               const Registry* registry);
 
   // Direct algorithms can run (one rank, or shared memory with every peer).
   bool available() const { return !segments_.empty(); }
+  // Why not, when not available().
+  const std::string& unavailable_reason() const { return unavailable_reason_; }
   // The peers' memory is mapped here (more than one rank on this node).
   bool shared() const { return available() && nranks_ > 1; }
   size_t staging_bytes() const { return staging_bytes_; }
@@ -127,14 +143,33 @@ class DirectState {
   bool advance(const Job& job, const std::byte* input, DirectRun* run, bool* progressed);
   std::string describe(const DirectRun& run) const;
 
-  // Mismatch detection: every collective this rank launches on a shared
-  // communicator is announced in its control block by sequence number; a rank
-  // waiting for its peers compares what they announced for the same sequence
-  // with its own call. Costs a few stores per launch and loads while waiting.
-  void announce(uint64_t sequence, const CallShape& call);
+  // Mismatch detection: unless WEFT_CHECK=off, every collective this rank
+  // launches on a shared communicator is announced in its segment by sequence
+  // number; a rank waiting for its peers compares what they announced for the
+  // same sequence with its own call. Costs a few stores per launch and loads
+  // while waiting. `alltoallv_counts`: AllToAllv's send counts then receive
+  // counts (nranks each), or null.
+  CheckMode check() const { return check_; }
+  // Announces the job's call (its sequence, shape and AllToAllv counts) and sets its
+  // announced_shape (packed, for agrees()) and ready_tag (for the ready words).
+  void announce(Job& job);
+  // Whether every peer's announcement of `sequence` seen so far is the call of `count`
+  // elements and packed `shape` (the check made on every call: loads only; false for
+  // AllToAllv, whose counts mismatch() compares).
+  bool agrees(uint64_t sequence, uint64_t count, uint64_t shape) const;
   // A message naming the first peer that announced another call for
-  // `sequence`, and both calls; "" when every announcement seen agrees.
+  // `sequence`, and both calls, or for AllToAllv the first pair of ranks whose
+  // counts disagree; "" when every announcement seen agrees.
   std::string mismatch(uint64_t sequence, const CallShape& call) const;
+  // WEFT_CHECK=full: the hash of this rank's input for `sequence` (written when the
+  // op starts, after its launch's announcement), and a peer's, once it wrote it.
+  void announce_input_hash(uint64_t sequence, uint64_t hash);
+  std::optional<uint64_t> input_hash(int rank, uint64_t sequence) const;
+
+  // A peer last published from the CPU this thread runs on: it cannot run while this
+  // rank spins for it (ranks left unbound, or bound to one core), so a wait should
+  // yield at once instead of spinning first.
+  bool shares_cpu_with_peer() const;
 
   // This rank's doorbell: peers ring it after publishing.
   shm::Doorbell* doorbell() { return bell_.load(std::memory_order_acquire); }
@@ -145,9 +180,21 @@ class DirectState {
 
  private:
   Control& control(int rank) const;
+  // Rank `rank`'s announcement slot for `sequence` (its words: see direct.cc).
+  std::atomic<uint64_t>* announcement(int rank, uint64_t sequence) const;
+  // Count and packed shape of rank `rank`'s announcement of `sequence`, if the slot holds it.
+  bool announced_call(int rank, uint64_t sequence, uint64_t* count, uint64_t* shape) const;
+  // Word `word` of rank `rank`'s announcement of `sequence`, if that is what the slot holds.
+  std::optional<uint64_t> announced_word(int rank, uint64_t sequence, size_t word) const;
+  // The first pair of ranks whose AllToAllv counts for `sequence` (a call of packed
+  // `shape`) disagree; "" if none.
+  std::string count_mismatch(uint64_t sequence, uint64_t shape) const;
   const std::byte* staging(int rank) const;
   std::byte* own_staging() const;
-  bool peers_ready(uint64_t round, bool* more) const;
+  // Whether every rank published `round`; *same_call: each with the call's `tag`.
+  bool peers_ready(uint64_t round, uint64_t tag, bool* more, bool* same_call) const;
+  // Records the CPU this thread runs on for the peers (shares_cpu_with_peer).
+  void note_cpu() const;
   // Wakes the peers that sleep waiting for what this rank just published.
   void ring_peers() const;
   // Writes this rank's part of round `step` into its staging; returns whether
@@ -184,13 +231,18 @@ class DirectState {
 
   int rank_ = 0;
   int nranks_ = 0;
+  CheckMode check_ = CheckMode::On;
+  size_t header_bytes_ = 0;  // the control block and the announcements, before the staging
+  size_t slot_words_ = 0;    // words per announcement slot
   size_t staging_bytes_ = 0;
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;
+  std::vector<std::atomic<uint64_t>*> announcements_;  // by rank: its first slot
   std::atomic<shm::Doorbell*> bell_{nullptr};
   // Rounds of this communicator completed by its direct ops (all ranks agree;
   // its parity picks the staging half).
   uint64_t round_ = 0;
+  std::string unavailable_reason_;
   std::atomic<uint64_t> tickets_issued_{0};
   std::atomic<uint64_t> tickets_done_{0};
   const Registry* registry_ = nullptr;

@@ -21,13 +21,123 @@ size_t aligned(size_t bytes) {
   return (bytes + kAlignment - 1) / kAlignment * kAlignment;
 }
 
+// Whether the job's call is compared with its peers' at the check level `at_least`.
+bool checked(const Job& job, CheckMode at_least) {
+  const DirectState& direct = *job.comm->direct();
+  return job.tag_kind == TagKind::Collective && direct.check() >= at_least && direct.shared();
+}
+
+Status fail_job(const Job& job, weftResult_t code, const std::string& why) {
+  job.comm->fail(code, why);
+  return Status(code, why);
+}
+
+// Whether a peer may have announced another call for the job's sequence (loads only: this
+// runs on every call; AllToAllv always asks mismatch()).
+bool maybe_mismatched(const Job& job) {
+  return job.announced_shape != 0 &&
+         !job.comm->direct()->agrees(job.sequence, job.shape.count, job.announced_shape);
+}
+
 // Fails the job's communicator if a peer announced another call for the job's sequence.
 Status check_mismatch(const Job& job) {
-  if (job.tag_kind != TagKind::Collective || !job.comm->direct()->shared()) return Status::Ok();
+  if (!maybe_mismatched(job)) return Status::Ok();
   std::string why = job.comm->direct()->mismatch(job.sequence, job.shape);
-  if (why.empty()) return Status::Ok();
-  job.comm->fail(weftInvalidUsage, why);
-  return Status(weftInvalidUsage, why);
+  return why.empty() ? Status::Ok() : fail_job(job, weftInvalidUsage, why);
+}
+
+// WEFT_CHECK=full's hash: 64 bits over every byte and the length, so that ranks whose
+// hashes agree hold the same bytes (not a defence against crafted collisions).
+uint64_t hash_bytes(const std::byte* data, size_t bytes) {
+  uint64_t hash = 0x9E3779B97F4A7C15ull ^ bytes;
+  size_t at = 0;
+  for (; at + sizeof(uint64_t) <= bytes; at += sizeof(uint64_t)) {
+    uint64_t word;
+    memcpy(&word, data + at, sizeof(word));
+    hash = (hash ^ word) * 0xFF51AFD7ED558CCDull;
+    hash ^= hash >> 32;
+  }
+  uint64_t tail = 0;
+  if (at < bytes) memcpy(&tail, data + at, bytes - at);
+  hash = (hash ^ tail) * 0xC4CEB9FE1A85EC53ull;
+  return hash ^ (hash >> 29);
+}
+
+// WEFT_CHECK=full, when the job starts (a stream's earlier work may have written its
+// input): the hash of its input, for peers to compare.
+void announce_input(const Job& job) {
+  if (job.hashed_input_bytes == 0 || !checked(job, CheckMode::Full)) return;
+  job.comm->direct()->announce_input_hash(job.sequence,
+                                          hash_bytes(job.input, job.hashed_input_bytes));
+}
+
+// WEFT_CHECK=full: `bytes` at `received` must be rank `source`'s input, as hashed there.
+Status expect_input_of(const Job& job, int source, const std::byte* received, size_t bytes) {
+  std::optional<uint64_t> sent = job.comm->direct()->input_hash(source, job.sequence);
+  if (!sent) return Status::Ok();  // its slot was reused by later launches: nothing to compare
+  const uint64_t got = hash_bytes(received, bytes);
+  if (got == *sent) return Status::Ok();
+  char hashes[64];
+  snprintf(hashes, sizeof(hashes), "hash %016llx where its input's is %016llx",
+           static_cast<unsigned long long>(got), static_cast<unsigned long long>(*sent));
+  return fail_job(job, weftInternalError,
+                  "WEFT_CHECK=full: rank " + std::to_string(job.comm->rank()) + "'s output of " +
+                      describe_call(job.shape) + " differs from rank " + std::to_string(source) +
+                      "'s input (" + hashes + "), sequence " + std::to_string(job.sequence));
+}
+
+// WEFT_CHECK=full, for inputs that may differ (reductions, AllToAll, Gather): the rank
+// that heard from every other (the root, else rank 0) names the ranks whose input differs
+// from its own, so that inputs meant to be replicated can be told apart.
+void report_inputs(const Job& job) {
+  const bool rooted = job.shape.collective == algo::Collective::Reduce ||
+                      job.shape.collective == algo::Collective::Gather;
+  const int reference = rooted ? job.shape.root : 0;
+  if (job.comm->rank() != reference || job.hashed_input_bytes == 0) return;
+  const DirectState& direct = *job.comm->direct();
+  const std::optional<uint64_t> mine = direct.input_hash(reference, job.sequence);
+  std::string differ;
+  for (int q = 0; q < job.comm->nranks() && mine; ++q)
+    if (std::optional<uint64_t> theirs = direct.input_hash(q, job.sequence); theirs != mine)
+      differ += " " + std::to_string(q);
+  if (!differ.empty())
+    WEFT_LOG(INFO, COLL,
+             "WEFT_CHECK=full: %s, sequence %llu: the inputs of ranks%s differ from "
+             "rank %d's",
+             describe_call(job.shape).c_str(), static_cast<unsigned long long>(job.sequence),
+             differ.c_str(), reference);
+}
+
+// WEFT_CHECK=full, once the job completed: what the collective's semantics fix, checked
+// against the hashes the ranks announced (docs/reliability.md).
+Status check_inputs(const Job& job) {
+  const size_t block = job.shape.count * job.math.element_size;
+  switch (job.shape.collective) {
+    case algo::Collective::Broadcast:
+      if (job.comm->rank() == job.shape.root) return Status::Ok();
+      return expect_input_of(job, job.shape.root, job.output, block);
+    case algo::Collective::AllGather:
+      for (int q = 0; q < job.comm->nranks(); ++q)
+        WEFT_RETURN_IF_ERROR(expect_input_of(job, q, job.output + q * block, block));
+      return Status::Ok();
+    default:
+      report_inputs(job);
+      return Status::Ok();
+  }
+}
+
+// A completed job's last work: a call that ran against a peer's different call may have
+// completed with garbage (same sizes), so it fails instead (unless the direct path's ready
+// words showed every peer in the same call: `same_call`); Avg divides its output.
+Status finish_job(const Job& job, bool same_call) {
+  if (!same_call && maybe_mismatched(job)) WEFT_RETURN_IF_ERROR(check_mismatch(job));
+  if (checked(job, CheckMode::Full)) WEFT_RETURN_IF_ERROR(check_inputs(job));
+  const JobMath& math = job.math;
+  if (math.divisor != 0 && math.divide_count != 0) {
+    std::byte* range = job.output + math.divide_offset * math.element_size;
+    reduce::divide(math.dtype, range, range, math.divisor, math.divide_count);
+  }
+  return Status::Ok();
 }
 
 // A transfer that failed because a peer called another collective (and left
@@ -84,6 +194,7 @@ void JobRunner::start(std::span<Job> jobs) {
           job.math.premul_source != nullptr ? job.math.premul_source : job.math.premul_value;
       reduce::scale(job.math.dtype, state.staged_input, job.input, scalar, job.math.premul_count);
     }
+    announce_input(job);
     has_transfers_ = has_transfers_ || job.direct == nullptr;
     if (job.direct != nullptr) {
       state.total = 1;
@@ -227,7 +338,7 @@ Status JobRunner::advance(bool* progressed) {
       if (!posted.ok()) {
         jobs_[j].comm->fail(posted.code(), posted.message());
         abandon();
-        return root_cause(jobs_[j], posted);
+        return root_cause(jobs_[j], jobs_[j].comm->failure());
       }
     }
     if (!state.ready_compute.empty()) {
@@ -262,6 +373,10 @@ Status JobRunner::advance(bool* progressed) {
       ++i;
       continue;
     }
+    // A receive of another size than expected may be a peer's different call: named first,
+    // so that the communicator's failure (the first cause) is the mismatch.
+    if (!entry.op.is_send && entry.op.request->info.length != entry.op.request->expected_bytes)
+      (void)check_mismatch(jobs_[entry.job]);
     Status status = complete_status(entry.op);
     entry.op.comm->release(entry.op.request);
     uint32_t job = entry.job, step = entry.step;
@@ -283,16 +398,11 @@ Status JobRunner::advance(bool* progressed) {
       *progressed = true;
       if (state.total > 0) continue;  // an empty program is done at once
     }
-    // A call that ran against a peer's different call may have completed with
-    // garbage (same sizes): it fails instead.
-    if (Status same = check_mismatch(jobs_[j]); !same.ok()) {
+    // A state is reused batch after batch: only a direct job's run is its own.
+    const bool same_call = jobs_[j].direct != nullptr && state.direct.same_call;
+    if (Status finished = finish_job(jobs_[j], same_call); !finished.ok()) {
       abandon();
-      return same;
-    }
-    const JobMath& math = jobs_[j].math;
-    if (math.divisor != 0 && math.divide_count != 0) {
-      std::byte* range = jobs_[j].output + math.divide_offset * math.element_size;
-      reduce::divide(math.dtype, range, range, math.divisor, math.divide_count);
+      return finished;
     }
     state.total = 0;  // counted once
     --unfinished_jobs_;
@@ -353,6 +463,37 @@ Status run_jobs(std::span<Job> jobs) {
     loop.idle(now, *deadline, runner.doorbell(), runner.direct_waiting());
   }
   return Status::Ok();
+}
+
+Status run_direct_job(Job& job) {
+  Communicator& comm = *job.comm;
+  DirectState& direct = *comm.direct();
+  DirectRun run{direct.issue_ticket()};
+  announce_input(job);
+  bool progressed = false;
+  // A rank alone, or one whose peers arrived first, is done at the first try.
+  if (direct.advance(job, job.input, &run, &progressed)) return finish_job(job, run.same_call);
+  Communicator* const comms[] = {&comm};
+  ProgressLoop loop(comms);
+  Deadline deadline{};  // as in run_jobs: nothing moved for the timeout (zero: not waiting)
+  for (;;) {
+    progressed = false;
+    if (direct.advance(job, job.input, &run, &progressed)) break;
+    if (progressed) {
+      deadline = Deadline{};
+      loop.progressed();
+      continue;
+    }
+    // Waiting on the peers: the checks JobRunner::advance makes for a blocked direct job.
+    (void)check_mismatch(job);  // fails the communicator, seen below
+    WEFT_RETURN_IF_ERROR(comm.usable());
+    comm.progress();
+    Clock::time_point now = Clock::now();
+    if (deadline == Deadline{}) deadline = now + std::chrono::milliseconds(comm.timeout_ms());
+    if (now >= deadline) return loop.timeout(comm.timeout_ms(), direct.describe(run));
+    loop.idle(now, deadline, direct.doorbell(), true);
+  }
+  return finish_job(job, run.same_call);
 }
 
 }  // namespace weft

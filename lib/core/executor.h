@@ -77,6 +77,19 @@ struct Job {
   // communicator's collectives (set at launch): peers compare them.
   CallShape shape;
   uint64_t sequence = 0;
+  // The shape packed as announced at launch (0: not announced, as with WEFT_CHECK=off or
+  // no peer on the node: nothing to compare), packed once for the call's every check.
+  uint64_t announced_shape = 0;
+  // An announced call's sequence, count and shape hashed to the bits the direct path's ready
+  // words keep for it (set at launch), else 0: ranks whose words carry the same tag made
+  // the same call.
+  uint64_t ready_tag = 0;
+  // AllToAllv: this rank's send counts then receive counts, nranks each (kept by the
+  // batch), announced with the call; null for other collectives.
+  const uint64_t* alltoallv_counts = nullptr;
+  // WEFT_CHECK=full: the bytes of the input that are hashed (0: none, e.g. a Broadcast's
+  // non-root).
+  uint64_t hashed_input_bytes = 0;
 };
 
 // Jobs about to run together, with the programs they use kept alive.
@@ -85,6 +98,7 @@ struct JobBatch {
   std::vector<std::shared_ptr<const CompiledProgram>> programs;
   std::vector<std::shared_ptr<DirectCall>> directs;
   std::vector<std::shared_ptr<JobStage>> stages;
+  std::vector<std::shared_ptr<const std::vector<uint64_t>>> alltoallv_counts;  // Job's
   // A DirectCall for the next job: a spare one when there is one (a batch is reused
   // call after call, so a blocking direct call then allocates nothing).
   std::shared_ptr<DirectCall> new_direct() {
@@ -101,6 +115,7 @@ struct JobBatch {
         spare_directs_.push_back(std::move(call));
     directs.clear();
     stages.clear();
+    alltoallv_counts.clear();
   }
 
  private:
@@ -177,5 +192,9 @@ void assign_direct_tickets(std::span<Job> jobs);
 // Runs every job to completion in the calling thread. Fails when any
 // communicator fails or nothing completes within the strictest timeout.
 Status run_jobs(std::span<Job> jobs);
+
+// Runs one direct job (numbered, announced) to completion in the calling thread, without a
+// JobRunner: the same waits, mismatch checks and timeout as run_jobs.
+Status run_direct_job(Job& job);
 
 }  // namespace weft

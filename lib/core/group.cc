@@ -1,6 +1,7 @@
 #include "core/group.h"
 
 #include <algorithm>
+#include <span>
 
 #include "common/log.h"
 
@@ -35,13 +36,18 @@ GroupState& group_state() {
 
 // Tags are numbered when a batch launches, in call order, so that a call or
 // group that failed before launching consumes no sequence number.
+void assign_collective_sequence(Job& job) {
+  job.sequence = job.comm->next_collective_sequence();
+  job.sequence_base = (job.sequence & 0xFFFF) << 20;
+  job.comm->note_launch(job.what);
+  DirectState& direct = *job.comm->direct();
+  if (direct.shared() && direct.check() != CheckMode::Off) direct.announce(job);
+}
+
 void assign_sequences(JobBatch& batch) {
   for (Job& job : batch.jobs) {
     if (job.tag_kind == TagKind::Collective) {
-      job.sequence = job.comm->next_collective_sequence();
-      job.sequence_base = (job.sequence & 0xFFFF) << 20;
-      job.comm->note_launch(job.what);
-      if (job.comm->direct()->shared()) job.comm->direct()->announce(job.sequence, job.shape);
+      assign_collective_sequence(job);
     } else {
       int peer = job.single_step.peer;
       job.sequence_base = job.single_step.kind == algo::StepKind::Send
@@ -51,14 +57,20 @@ void assign_sequences(JobBatch& batch) {
   }
 }
 
+// After numbering: fails work that needs a peer that left before it was numbered.
+Status check_departures(std::span<const Job> jobs) {
+  // Pairs with Communicator::peer_left: either it sees these numbers, or this sees its peer.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (const Job& job : jobs)
+    if (job.comm->has_departures()) WEFT_RETURN_IF_ERROR(job.comm->check_departures());
+  return Status::Ok();
+}
+
 // Runs now, or queues on the stream (the batch is handed over).
 Status launch(JobBatch& batch, Stream* stream) {
   for (const Job& job : batch.jobs) WEFT_RETURN_IF_ERROR(job.comm->usable());
   assign_sequences(batch);
-  // Pairs with Communicator::peer_left: either it sees these numbers, or this sees its peer.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  for (const Job& job : batch.jobs)
-    if (job.comm->has_departures()) WEFT_RETURN_IF_ERROR(job.comm->check_departures());
+  WEFT_RETURN_IF_ERROR(check_departures(batch.jobs));
   if (stream != nullptr) {
     StreamEngine::instance().enqueue_jobs(stream, std::move(batch));
     batch.clear();
@@ -115,7 +127,18 @@ Status group_end() {
   return status;
 }
 
+Status launch_direct(Job& job) {
+  // The caller checked that the communicator is usable and that no group is open.
+  assign_collective_sequence(job);
+  WEFT_RETURN_IF_ERROR(check_departures({&job, 1}));
+  return run_direct_job(job);
+}
+
 Status begin_submit(Stream* stream, JobBatch** batch) {
+  if (stream != nullptr && stream->cuda.bound)
+    return Error(weftInvalidUsage,
+                 "stream wraps a cudaStream_t: collectives and P2P on CUDA streams need the "
+                 "CUDA executor, which is not built yet; use a host stream and host memory");
   GroupState& g = group_state();
   if (g.depth == 0) {
     g.single.clear();

@@ -18,6 +18,9 @@ void group_record_error(const Status& status);
 // Operations of `comm` queued in this thread's open group (0 outside a group).
 size_t group_ops_of(const Communicator* comm);
 
+// Outside a group, on no stream: numbers a lone direct collective (announcing it to the
+// peers) and runs it to completion, without a batch (the blocking fast path).
+Status launch_direct(Job& job);
 // The batch the next operation joins: the open group's (every operation of a
 // group must use the same stream), or a fresh one for this call alone.
 Status begin_submit(Stream* stream, JobBatch** batch);

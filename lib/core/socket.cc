@@ -160,12 +160,10 @@ void Fd::reset(int fd) {
   fd_ = fd;
 }
 
-namespace {
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
-}  // namespace
 
 Status listen_on(SocketAddress* address, Fd* out) {
   Fd fd(socket(address->storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -264,21 +262,20 @@ Status read_all(int fd, void* data, size_t size, Deadline deadline) {
 }
 
 Status send_frame(int fd, uint32_t type, const void* payload, size_t size, Deadline deadline) {
+  // One write per frame: a header sent on its own could wait for the peer's
+  // delayed acknowledgement (tens of ms) before the payload leaves.
   FrameHeader header{kFrameMagic, type, size};
-  WEFT_RETURN_IF_ERROR(write_all(fd, &header, sizeof(header), deadline));
-  return write_all(fd, payload, size, deadline);
+  std::vector<uint8_t> frame(sizeof(header) + size);
+  memcpy(frame.data(), &header, sizeof(header));
+  if (size != 0) memcpy(frame.data() + sizeof(header), payload, size);
+  return write_all(fd, frame.data(), frame.size(), deadline);
 }
 
 Status recv_frame(int fd, uint32_t* type, std::vector<uint8_t>* payload, Deadline deadline,
                   uint64_t max_payload) {
   FrameHeader header{};
   WEFT_RETURN_IF_ERROR(read_all(fd, &header, sizeof(header), deadline));
-  if (header.magic != kFrameMagic)
-    return Error(weftRemoteError, "bootstrap message with a bad magic 0x%08x", header.magic);
-  if (header.length > max_payload)
-    return Error(weftRemoteError, "bootstrap message of %llu bytes exceeds the limit of %llu",
-                 static_cast<unsigned long long>(header.length),
-                 static_cast<unsigned long long>(max_payload));
+  WEFT_RETURN_IF_ERROR(check_frame_header(header, max_payload));
   *type = header.type;
   payload->resize(header.length);
   return read_all(fd, payload->data(), header.length, deadline);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "core/bootstrap_protocol.h"
 
 namespace weft {
 
@@ -70,21 +71,12 @@ Status listen_on(SocketAddress* address, Fd* out);
 // not be up yet when ranks start together).
 Status connect_to(const SocketAddress& address, Deadline deadline, Fd* out);
 
-// Framed messages: a 16-byte header (magic, type, payload length) + payload.
-inline constexpr uint32_t kFrameMagic = 0x57465442;  // "WFTB"
-inline constexpr uint64_t kMaxFramePayload = 64ull << 20;
-
-struct FrameHeader {
-  uint32_t magic;
-  uint32_t type;
-  uint64_t length;
-};
-static_assert(sizeof(FrameHeader) == 16);
-
+// Sends small writes at once (no Nagle delay): the bootstrap's frames are latency-bound.
+void set_nodelay(int fd);
 Status write_all(int fd, const void* data, size_t size, Deadline deadline);
 Status read_all(int fd, void* data, size_t size, Deadline deadline);
 Status send_frame(int fd, uint32_t type, const void* payload, size_t size, Deadline deadline);
-// Reads one frame; rejects a bad magic or a payload above max_payload.
+// Reads one frame (bootstrap_protocol.h); rejects a bad magic or a payload above max_payload.
 Status recv_frame(int fd, uint32_t* type, std::vector<uint8_t>* payload, Deadline deadline,
                   uint64_t max_payload = kMaxFramePayload);
 

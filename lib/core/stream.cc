@@ -50,11 +50,21 @@ void StreamEngine::ensure_thread() {
     // The thread does not follow a fork: a child starts afresh, with its own
     // thread should it make streams, and never joins the parent's.
     orphans_ = new std::vector<std::thread>();
-    pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
-                   [] { instance().forget_in_child(); });
+    pthread_atfork(
+        [] {
+          instance().lifecycle_mutex_.lock();
+          instance().mutex_.lock();
+        },
+        [] {
+          instance().mutex_.unlock();
+          instance().lifecycle_mutex_.unlock();
+        },
+        [] { instance().forget_in_child(); });
   }
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   thread_ = std::thread([this] { run(); });
+  // Named before any caller can look (top -H, gdb, the tests).
+  pthread_setname_np(thread_.native_handle(), "weft-streams");
 }
 
 void StreamEngine::forget_in_child() {
@@ -66,6 +76,7 @@ void StreamEngine::forget_in_child() {
   }
   streams_.clear();  // the parent's
   mutex_.unlock();
+  lifecycle_mutex_.unlock();
 }
 
 void StreamEngine::wake() {
@@ -75,6 +86,7 @@ void StreamEngine::wake() {
 }
 
 void StreamEngine::add_stream(Stream* stream) {
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
   std::lock_guard<std::mutex> lock(mutex_);
   ensure_thread();
   streams_.push_back(stream);
@@ -82,8 +94,21 @@ void StreamEngine::add_stream(Stream* stream) {
 
 Status StreamEngine::remove_stream(Stream* stream) {
   Status status = synchronize(stream);
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
+  std::thread retired;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
+    if (!streams_.empty() || !thread_.joinable()) return status;
+    stopping_ = true;  // no stream left, so no work queued
+    wake();
+    retired = std::move(thread_);
+  }
+  retired.join();
   std::lock_guard<std::mutex> lock(mutex_);
-  streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
+  stopping_ = false;
+  close(wake_fd_);
+  wake_fd_ = -1;
   return status;
 }
 
@@ -228,13 +253,16 @@ void StreamEngine::run() {
       Status status = op->runner->advance(&moved);
       if (status.ok() && moved) op->deadline = deadline_after_ms(op->runner->timeout_ms());
       if (status.ok() && !op->runner->done() && Clock::now() >= op->deadline) {
-        status = Error(weftTimeout, "stream operation timed out after %lld ms waiting for %s",
-                       static_cast<long long>(op->runner->timeout_ms()),
-                       op->runner->describe_waits().c_str());
+        status = Error(
+            weftTimeout, "rank %d: stream operation timed out after %lld ms waiting for %s",
+            op->runner->comms().front()->rank(), static_cast<long long>(op->runner->timeout_ms()),
+            op->runner->describe_waits().c_str());
         for (Communicator* comm : op->runner->comms()) comm->fail(status.code(), status.message());
+        status = op->runner->comms().front()->failure();  // the verdict
         op->runner->abandon();
       }
       if (!status.ok() || op->runner->done()) {
+        loop.disarm();
         std::lock_guard<std::mutex> lock(mutex_);
         finish_head(op->stream, status);
         moved = true;

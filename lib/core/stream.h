@@ -38,6 +38,15 @@ class Stream {
   Stream();
   ~Stream();
 
+  // Set by weftStreamCreateFromCuda: the cudaStream_t this stream stands for
+  // (null: the legacy default stream) and its device.
+  struct Cuda {
+    bool bound = false;
+    void* stream = nullptr;
+    int device = -1;
+  };
+  Cuda cuda;
+
  private:
   friend class StreamEngine;
   struct Op;
@@ -50,7 +59,8 @@ class StreamEngine {
   static StreamEngine& instance();
 
   void add_stream(Stream* stream);
-  // Drains the stream's work, then forgets it.
+  // Drains the stream's work, then forgets it; with the last stream the thread
+  // and its eventfd end, so a process holds them only while it has streams.
   Status remove_stream(Stream* stream);
 
   // Queues a batch of jobs (prepared, sequence numbers assigned) on `stream`.
@@ -81,6 +91,9 @@ class StreamEngine {
   void collect_heads(std::vector<Stream::Op*>* active);
   void finish_head(Stream* stream, const Status& status);
 
+  // Held while the thread starts or stops (taken before mutex_), so that a stream added
+  // meanwhile gets a running thread.
+  std::mutex lifecycle_mutex_;
   std::mutex mutex_;
   std::condition_variable changed_;  // an operation finished
   std::vector<Stream*> streams_;

@@ -1,11 +1,14 @@
 #include "core/tuner.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <map>
 #include <string_view>
 
 #include "common/env.h"
@@ -82,19 +85,6 @@ topo::LinkClass place_link(const topo::RankPlace& a, const topo::RankPlace& b) {
   if (a.package >= 0 && a.package == b.package) return LinkClass::SameSocket;
   return LinkClass::CrossSocket;
 }
-
-// Intra-node links as measured on the development machine (2 cores, one
-// NUMA node, UCX shared memory, Release build, docs/tuning.md "Calibration"):
-//   weftrun -n 2 weft-perf sendrecv -b 8 -e 64M -f 8 -n 50 -w 10 -c 0
-// 0.8-0.9 us at 8 B; 6-12 GB/s at 256K-2M, 3-6 GB/s at 16M (noisy: the
-// machine is shared). They replace the generic defaults unless a topology
-// file gives costs.
-constexpr topo::LinkCost kMeasuredSameNode{6.0, 1.0};
-// The direct (shared-memory) algorithms, fitted to 2-rank AllReduce times of
-// WEFT_ALGO=allreduce:oneshot/twoshot weft-perf -b 8 -e 16M -f 4 on the same
-// machine: 0.29 us at 8 B, 10.3 us at 128 KiB, 663 us at 8 MiB (oneshot =
-// staging copy + one synchronisation + one read of the peer's staging).
-constexpr algo::LinkTime kMeasuredDirect{0.15, 25};
 
 }  // namespace
 
@@ -181,16 +171,28 @@ int size_bucket(uint64_t bytes) {
 }
 
 TuneContext tune_context(const CommTopology& topology, bool shared_memory,
-                         const AlgorithmOverrides& overrides) {
+                         const AlgorithmOverrides& overrides, const Calibration& machine) {
   TuneContext context;
   const int n = static_cast<int>(topology.places.size());
   context.nranks = n;
   context.layout = topology.layout;
   context.links = topology.links;
+  context.memory = machine.memory;
+  context.direct = machine.direct;
+  context.call_us = machine.call_us;
   if (!topology.injected) {
     for (topo::LinkClass link :
          {topo::LinkClass::SameNuma, topo::LinkClass::SameSocket, topo::LinkClass::CrossSocket})
-      context.links[static_cast<int>(link)] = kMeasuredSameNode;
+      context.links[static_cast<int>(link)] = machine.link;
+    // Every rank sees the same places, so all compute the same share.
+    std::map<uint64_t, int> per_node;
+    int busiest = 0;
+    for (const topo::RankPlace& place : topology.places)
+      busiest = std::max(busiest, ++per_node[place.node_key]);
+    const int cores =
+        machine.cores > 0 ? machine.cores : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    context.share = Calibration::share(busiest, cores);
+    context.slice_latency_us = machine.slice_latency_us;
   }
   context.pair_class.resize(static_cast<size_t>(n) * n);
   for (int a = 0; a < n; ++a)
@@ -221,14 +223,17 @@ TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory) {
 
 Tuner::Tuner(TuneContext context) : context_(std::move(context)) {
   network_.nranks = context_.nranks;
+  Calibration slicing;
+  slicing.slice_latency_us = context_.slice_latency_us;
+  const auto sliced = [&](algo::LinkTime time) { return slicing.sliced(time, context_.share); };
   for (const topo::LinkCost& cost : context_.links)
-    network_.classes.push_back({cost.latency_us, cost.bandwidth_gb_s});
+    network_.classes.push_back(sliced({cost.latency_us, cost.bandwidth_gb_s}));
   network_.pair_class = context_.pair_class;
   if (network_.pair_class.empty())
     network_.pair_class.assign(static_cast<size_t>(context_.nranks) * context_.nranks,
                                static_cast<uint8_t>(topo::LinkClass::SameNuma));
-  network_.memory = context_.memory;
-  network_.direct = kMeasuredDirect;
+  network_.memory = sliced(context_.memory);
+  network_.direct = sliced(context_.direct);
   network_.max_steps = context_.max_model_steps;
 }
 
@@ -248,7 +253,9 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
   params.chunk = chunk_bytes;
   algo::CostResult result;
   std::string error;
-  return algo::predict(params, 1, network_, &result, &error) ? result.time_us : -1;
+  if (!algo::predict(params, 1, network_, &result, &error)) return -1;
+  // The host-side cost of a call, time-sliced like the rest of the rank's work.
+  return result.time_us + (algo::is_direct(algorithm) ? 0 : context_.call_us * context_.share);
 }
 
 std::vector<Candidate> Tuner::candidates(algo::Collective collective, uint64_t bytes) const {
@@ -316,7 +323,11 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
     std::lock_guard<std::mutex> lock(mutex_);
     const int bucket = size_bucket(bytes);
     std::optional<Decision>& cached = cache_[c][bucket];
-    if (!cached) cached = decide(collective, bucket_size(bucket));
+    if (!cached) {
+      cached = decide(collective, bucket_size(bucket));
+      decided_[c][bucket].store(static_cast<uint8_t>(static_cast<int>(cached->algorithm) + 1),
+                                std::memory_order_release);
+    }
     decision = *cached;
     if (!logged_[c] && log_enabled(LogLevel::INFO, kLogTUNE)) {
       logged_[c] = true;
@@ -326,6 +337,7 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
         WEFT_LOG(INFO, TUNE, "  %s", line.c_str());
     }
     last_ = Last{collective, bytes, decision};
+    last_unlocked_.store(0, std::memory_order_relaxed);
   }
   Plan plan;
   plan.algorithm = decision.algorithm;
@@ -334,16 +346,34 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
   return plan;
 }
 
+algo::Algorithm Tuner::algorithm(algo::Collective collective, uint64_t bytes, size_t element_size) {
+  const int c = static_cast<int>(collective);
+  const uint8_t decided = decided_[c][size_bucket(bytes)].load(std::memory_order_acquire);
+  if (decided == 0) return plan(collective, bytes, element_size).algorithm;
+  last_unlocked_.store(static_cast<uint64_t>(c + 1) << kLastShift | bytes,
+                       std::memory_order_relaxed);
+  return static_cast<algo::Algorithm>(decided - 1);
+}
+
+std::optional<Tuner::Last> Tuner::last() const {
+  const uint64_t unlocked = last_unlocked_.load(std::memory_order_relaxed);
+  if (unlocked == 0) return last_;
+  const auto collective = static_cast<algo::Collective>((unlocked >> kLastShift) - 1);
+  const uint64_t bytes = unlocked & ((uint64_t{1} << kLastShift) - 1);
+  return Last{collective, bytes, *cache_[static_cast<int>(collective)][size_bucket(bytes)]};
+}
+
 const char* Tuner::last_algorithm() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return last_ ? algo::algorithm_name(last_->decision.algorithm) : "";
+  std::optional<Last> recent = last();
+  return recent ? algo::algorithm_name(recent->decision.algorithm) : "";
 }
 
 double Tuner::last_predicted_us() const {
   std::optional<Last> last;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    last = last_;
+    last = this->last();
   }
   if (!last) return -1;
   return predict_us(last->collective, last->decision.algorithm, last->decision.chunk_bytes,

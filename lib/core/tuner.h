@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "algorithms/cost_model.h"
 #include "algorithms/schedule.h"
 #include "common/status.h"
+#include "core/calibration.h"
 #include "core/layout.h"
 #include "topo/cluster.h"
 
@@ -43,20 +45,19 @@ struct AlgorithmOverrides {
 Status parse_algorithm_overrides(const std::string& spec, const char* source,
                                  AlgorithmOverrides* out);
 
-// Local memory as the host executor's reductions and copies use it: per-step
-// overhead and throughput of one core on the development machine
-// (docs/tuning.md, "Calibration": weft-bench-reduce gives ~40 GB/s for
-// cached 4 MiB float sums, weft-copybw -t 1 ~17 GB/s for 64 MiB copies; a
-// reduction streams three vectors, so about 12 GB/s out of cache).
-inline constexpr algo::LinkTime kHostMemory{0.2, 12.0};
-
 // What the tuner knows about a communicator.
 struct TuneContext {
   int nranks = 1;
   algo::Layout layout;              // empty node_of: one node, rank-order ring
   std::vector<uint8_t> pair_class;  // topo::LinkClass per [from * nranks + to]; empty: same NUMA
   std::array<topo::LinkCost, topo::kNumLinkClasses> links = topo::Cluster::default_links();
-  algo::LinkTime memory = kHostMemory;
+  algo::LinkTime memory = Calibration().memory;
+  algo::LinkTime direct = Calibration().direct;  // direct algorithms (shared memory)
+  double call_us = 0;                            // added to every scheduled prediction
+  // Ranks per core on the busiest node when they outnumber its cores (1:
+  // not oversubscribed) and the slice latency (Calibration::sliced).
+  double share = 1;
+  double slice_latency_us = 0;
   bool shared_memory = false;  // all ranks on one real node sharing memory: direct algorithms
   AlgorithmOverrides overrides;
   uint64_t max_model_steps = uint64_t{1} << 20;  // larger schedules are not timed
@@ -64,9 +65,11 @@ struct TuneContext {
 
 // The context of a communicator: link classes from where its ranks sit
 // (ranks on different nodes: network; GPUs of one node: NVLink; otherwise
-// by NUMA node and package), costs from its topology.
+// by NUMA node and package), costs from its topology; without a topology
+// file the machine's costs and oversubscription come from `machine`.
 TuneContext tune_context(const CommTopology& topology, bool shared_memory,
-                         const AlgorithmOverrides& overrides);
+                         const AlgorithmOverrides& overrides,
+                         const Calibration& machine = Calibration());
 
 // The context of a cluster file's ranks (weft-sim, planning): link classes
 // exactly as the file gives them (NVLink domains, NIC rails).
@@ -94,6 +97,9 @@ class Tuner {
 
   // The plan for a call of `bytes` (the collective's count times the element size).
   Plan plan(algo::Collective collective, uint64_t bytes, size_t element_size);
+  // plan()'s algorithm for `bytes`, without the lock once its bucket is decided (the
+  // blocking fast path asks on every call); it counts as the last plan all the same.
+  algo::Algorithm algorithm(algo::Collective collective, uint64_t bytes, size_t element_size);
 
   // Every candidate for `bytes`, timed (untimeable ones left out), fastest
   // first. plan() decides a size bucket by its lowest size, so for powers of
@@ -136,6 +142,12 @@ class Tuner {
     Decision decision;
   };
   std::optional<Last> last_;
+  // Lock-free copies for algorithm(): per bucket the decided algorithm + 1 (0: not yet), and
+  // the last call it answered, (collective + 1) << kLastShift | bytes (0: plan()'s last_ is).
+  std::array<std::array<std::atomic<uint8_t>, 65>, algo::kNumCollectives> decided_{};
+  static constexpr int kLastShift = 57;  // bytes never reach 2^57 (collectives.cc)
+  std::atomic<uint64_t> last_unlocked_{0};
+  std::optional<Last> last() const;  // with the lock held
 };
 
 // The size bucket of `bytes`: its bit width (0 for 0, 1 for 1, 2 for 2-3, ...).

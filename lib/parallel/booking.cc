@@ -1,5 +1,8 @@
 // Errors, the ledger bookings of collectives (with the bytes the algorithm
-// that ran sends), and the small fp32 helpers the layers share.
+// that ran sends), the host exchange, and the small fp32 helpers the layers
+// share.
+#include <unistd.h>
+
 #include <bit>
 
 #include "parallel/internal.h"
@@ -43,8 +46,9 @@ void Inflight::launch(const Axis& axis, std::string_view pattern, std::string_vi
   require(axis_ == nullptr, "a collective is already in flight on this handle");
   start_ = now_s();
   check(enqueue(axis.comm(), axis.stream()));
-  // The algorithm is the tuner's choice, made when the call was enqueued.
-  algorithm_ = last_algorithm(axis.comm());
+  // The algorithm is the tuner's choice, made when the call was enqueued
+  // (point-to-point calls have none: the last collective's would be stale).
+  algorithm_ = primitive == "sendrecv" ? "p2p" : last_algorithm(axis.comm());
   check(weftEventRecord(event_.get(), axis.stream()));
   axis_ = &axis;
   pattern_ = pattern;
@@ -83,6 +87,17 @@ void blocking(const Axis& axis, std::string_view pattern, std::string_view primi
   if (axis.ledger() == nullptr) return;
   if (sent == 0) sent = bytes_sent(primitive, algorithm, axis.size(), bytes);
   axis.ledger()->record(pattern, primitive, axis.name(), bytes, sent, algorithm, elapsed, elapsed);
+}
+
+std::vector<std::string> exchange_hosts(weftComm_t comm, int size, weftStream_t stream) {
+  constexpr size_t kHostBytes = 256;
+  std::vector<char> mine(kHostBytes, 0), all(kHostBytes * size, 0);
+  if (gethostname(mine.data(), kHostBytes - 1) != 0) fail("gethostname failed", weftSystemError);
+  check(weftAllGather(mine.data(), all.data(), kHostBytes, weftUint8, comm, stream));
+  if (stream != nullptr) check(weftStreamSynchronize(stream));
+  std::vector<std::string> hosts;
+  for (int r = 0; r < size; ++r) hosts.emplace_back(all.data() + r * kHostBytes);
+  return hosts;
 }
 
 void add_bias(std::span<float> y, std::span<const float> bias, size_t rows) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "weft/parallel.hpp"
 
@@ -82,6 +83,10 @@ void copy_slab(const Tensor& in, int dim, size_t offset, const Tensor& out);
 // Element-wise helpers for the fp32 layers.
 void add_bias(std::span<float> y, std::span<const float> bias, size_t rows);
 void accumulate_column_sums(std::span<const float> dy, size_t rows, std::span<float> sums);
+
+// Every rank's gethostname, by an AllGather on comm (on `stream`, waited for;
+// null: a blocking call).
+std::vector<std::string> exchange_hosts(weftComm_t comm, int size, weftStream_t stream);
 
 // A blocking collective: launched on the axis stream and joined.
 void blocking(const Axis& axis, std::string_view pattern, std::string_view primitive, size_t bytes,

@@ -132,16 +132,6 @@ void fill_coords(View& view, int world_size) {
   }
 }
 
-std::vector<std::string> exchange_hosts(weftComm_t world, int world_size) {
-  constexpr size_t kHostBytes = 256;
-  std::vector<char> mine(kHostBytes, 0), all(kHostBytes * world_size, 0);
-  if (gethostname(mine.data(), kHostBytes - 1) != 0) fail("gethostname failed", weftSystemError);
-  check(weftAllGather(mine.data(), all.data(), kHostBytes, weftUint8, world, nullptr));
-  std::vector<std::string> hosts;
-  for (int r = 0; r < world_size; ++r) hosts.emplace_back(all.data() + r * kHostBytes);
-  return hosts;
-}
-
 bool info_enabled() {
   const char* level = getenv("WEFT_DEBUG");
   return level != nullptr && (strcasecmp(level, "INFO") == 0 || strcasecmp(level, "TRACE") == 0);
@@ -278,7 +268,7 @@ Mesh::Mesh(weftComm_t world, const MeshShape& shape) : state_(std::make_unique<S
                           s.dense.index(r, pp_mask, true)};
   }
 
-  s.hosts = shape.hosts.empty() ? exchange_hosts(world, s.size) : shape.hosts;
+  s.hosts = shape.hosts.empty() ? detail::exchange_hosts(world, s.size, nullptr) : shape.hosts;
   require(static_cast<int>(s.hosts.size()) == s.size,
           "hosts has " + std::to_string(s.hosts.size()) + " names for a world of " +
               std::to_string(s.size));

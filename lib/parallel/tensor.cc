@@ -5,29 +5,10 @@
 
 namespace weft::parallel {
 
-// The public API has no element-size query, and the adapters may not reach
-// below it, so the table is written here.
 size_t dtype_bytes(weftDataType_t dtype) {
-  switch (dtype) {
-    case weftInt8:
-    case weftUint8:
-    case weftFloat8e4m3:
-    case weftFloat8e5m2:
-      return 1;
-    case weftFloat16:
-    case weftBfloat16:
-      return 2;
-    case weftInt32:
-    case weftUint32:
-    case weftFloat32:
-      return 4;
-    case weftInt64:
-    case weftUint64:
-    case weftFloat64:
-      return 8;
-    default:
-      detail::fail("dtype " + std::to_string(static_cast<int>(dtype)) + " is not a weftDataType_t");
-  }
+  size_t size = 0;
+  check(weftDataTypeSize(dtype, &size));
+  return size;
 }
 
 size_t Tensor::numel() const {

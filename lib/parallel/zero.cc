@@ -173,6 +173,36 @@ struct Zero::State {
     return bucket_of[id];
   }
 
+  // Where element e of parameter id (owned by this rank) lives in the shard buffers.
+  size_t shard_index(size_t id, size_t e) const {
+    const Bucket& bucket = buckets[bucket_of[id]];
+    return bucket.shard_offset + offset_in[id] + e - rank * bucket.shard;
+  }
+
+  // Stages 1/2: full_params from every rank's shard_params, by one AllGather of every
+  // bucket's shard; with several buckets the rank-major result is scattered back into the
+  // bucket layout. A step's gather is booked in the ledger; a checkpoint's import is not
+  // traffic of a step, so it is not.
+  void gather_full_params(bool booked) {
+    bool single = buckets.size() == 1;
+    std::vector<float> staging(single ? 0 : shard_total * n);
+    float* target = single ? full_params.data() : staging.data();
+    if (booked) {
+      detail::Inflight gather;
+      all_gather(gather, prefix + ".params", shard_params.data(), target, shard_total);
+      gather.join();
+    } else {
+      check(weftAllGather(shard_params.data(), target, shard_total, weftFloat32, shard.comm(),
+                          shard.stream()));
+      check(weftStreamSynchronize(shard.stream()));
+    }
+    if (!single)
+      for (int r = 0; r < n; ++r)
+        for (const Bucket& bucket : buckets)
+          std::copy_n(staging.begin() + r * shard_total + bucket.shard_offset, bucket.shard,
+                      full_params.begin() + bucket.flat + r * bucket.shard);
+  }
+
   void require_stage3(const char* what) const {
     require(options.stage == 3, std::string(what) + " is for ZeRO stage 3 (this is stage " +
                                     std::to_string(options.stage) + ")");
@@ -369,25 +399,66 @@ void Zero::step() {
   adam_step(s.shard_params, s.shard_grads, s.m, s.v, ++s.steps, s.options.adam);
   std::fill(s.shard_grads.begin(), s.shard_grads.end(), 0.0f);
   if (s.options.stage < 3) {
-    // One AllGather of every bucket's shard; with several buckets the
-    // rank-major result is scattered back into the bucket layout.
-    std::string pattern = s.prefix + ".params";
-    bool single = s.buckets.size() == 1;
-    std::vector<float> staging(single ? 0 : s.shard_total * s.n);
-    float* target = single ? s.full_params.data() : staging.data();
-    {
-      detail::Inflight gather;
-      s.all_gather(gather, pattern, s.shard_params.data(), target, s.shard_total);
-      gather.join();
-    }
-    if (!single)
-      for (int r = 0; r < s.n; ++r)
-        for (const Bucket& bucket : s.buckets)
-          std::copy_n(staging.begin() + r * s.shard_total + bucket.shard_offset, bucket.shard,
-                      s.full_params.begin() + bucket.flat + r * bucket.shard);
+    s.gather_full_params(true);
     std::fill(s.full_grads.begin(), s.full_grads.end(), 0.0f);
   }
   s.reset_readiness();
+}
+
+ZeroShard Zero::export_shard() const {
+  const State& s = *state_;
+  ZeroShard out;
+  out.steps = s.steps;
+  out.ranges = owned();
+  for (const ShardRange& range : out.ranges) {
+    const size_t at = s.shard_index(range.param, range.begin);
+    for (auto [from, to] :
+         {std::pair{&s.shard_params, &out.params}, {&s.m, &out.m}, {&s.v, &out.v}})
+      to->insert(to->end(), from->begin() + at, from->begin() + at + (range.end - range.begin));
+  }
+  return out;
+}
+
+void Zero::import_shard(const ZeroShard& state) {
+  State& s = *state_;
+  require(s.finalized, "import_shard() before finalize()");
+  require(state.steps >= 0,
+          "import_shard(): steps " + std::to_string(state.steps) + " is negative");
+  size_t total = 0;
+  for (const ShardRange& range : state.ranges) {
+    require(range.param < s.names.size(),
+            "import_shard(): range of param " + std::to_string(range.param) + " is not registered");
+    require(range.begin <= range.end && range.end <= s.numels[range.param],
+            "import_shard(): range [" + std::to_string(range.begin) + ", " +
+                std::to_string(range.end) + ") of \"" + s.names[range.param] +
+                "\" is outside its " + std::to_string(s.numels[range.param]) + " elements");
+    total += range.end - range.begin;
+  }
+  detail::require_size("import_shard() params", state.params.size(), total);
+  detail::require_size("import_shard() m", state.m.size(), total);
+  detail::require_size("import_shard() v", state.v.size(), total);
+  // Every element this rank owns must come from some range; later ranges win.
+  std::vector<bool> covered(s.shard_total, false);
+  size_t at = 0;
+  for (const ShardRange& range : state.ranges) {
+    const Bucket& bucket = s.buckets[s.bucket_of[range.param]];
+    const size_t own = s.rank * bucket.shard, base = s.offset_in[range.param];
+    const size_t lo = std::max(base + range.begin, own);
+    const size_t hi = std::min(base + range.end, own + bucket.shard);
+    for (size_t e = lo; e < hi; ++e) {
+      const size_t from = at + (e - base - range.begin), to = bucket.shard_offset + e - own;
+      s.shard_params[to] = state.params[from], s.m[to] = state.m[from], s.v[to] = state.v[from];
+      covered[to] = true;
+    }
+    at += range.end - range.begin;
+  }
+  for (const ShardRange& range : owned())
+    for (size_t e = range.begin; e < range.end; ++e)
+      require(covered[s.shard_index(range.param, e)],
+              "import_shard(): element " + std::to_string(e) + " of \"" + s.names[range.param] +
+                  "\", owned by rank " + std::to_string(s.rank) + ", is in none of the ranges");
+  s.steps = state.steps;
+  if (s.options.stage < 3) s.gather_full_params(false);
 }
 
 std::vector<ShardRange> Zero::owned() const {

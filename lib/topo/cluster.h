@@ -46,10 +46,20 @@ struct RankSpec {
   bool operator==(const RankSpec&) const = default;
 };
 
+// What one device (a rank's GPU or CPU) computes and holds, for planning
+// (weft-plan); 0 = not given.
+struct DeviceSpec {
+  double tflops = 0;       // peak dense TFLOP/s (1e12) at the compute dtype
+  double memory_gb = 0;    // memory per device, 1e9 bytes
+  double memory_gb_s = 0;  // its memory bandwidth, 1e9 bytes/s
+  bool operator==(const DeviceSpec&) const = default;
+};
+
 struct Cluster {
   std::vector<Machine> nodes;
   std::array<LinkCost, kNumLinkClasses> links = default_links();
   std::vector<RankSpec> ranks;  // rank r is ranks[r]
+  DeviceSpec device;
   bool operator==(const Cluster&) const = default;
 
   static std::array<LinkCost, kNumLinkClasses> default_links();

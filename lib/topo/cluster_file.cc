@@ -388,13 +388,21 @@ Status parse_cluster(std::string_view text, const std::string& base_dir, Cluster
   Value root;
   WEFT_RETURN_IF_ERROR(json::parse(text, &root));
   WEFT_RETURN_IF_ERROR(
-      expect_object(root, "top level", {"weft_topology", "links", "nodes", "ranks"}));
+      expect_object(root, "top level", {"weft_topology", "links", "nodes", "ranks", "device"}));
   WEFT_RETURN_IF_ERROR(require(root, "top level", "weft_topology"));
   int version = 0;
   WEFT_RETURN_IF_ERROR(
       opt_int(root, "top level", "weft_topology", 1, kClusterFormatVersion, &version));
   Cluster cluster;
   if (const Value* links = root.find("links")) WEFT_RETURN_IF_ERROR(read_links(*links, &cluster));
+  if (const Value* device = root.find("device")) {
+    WEFT_RETURN_IF_ERROR(expect_object(*device, "device", {"tflops", "memory_gb", "memory_gb_s"}));
+    WEFT_RETURN_IF_ERROR(opt_double(*device, "device", "tflops", false, &cluster.device.tflops));
+    WEFT_RETURN_IF_ERROR(
+        opt_double(*device, "device", "memory_gb", false, &cluster.device.memory_gb));
+    WEFT_RETURN_IF_ERROR(
+        opt_double(*device, "device", "memory_gb_s", false, &cluster.device.memory_gb_s));
+  }
   std::vector<int> shorthand_ranks;
   WEFT_RETURN_IF_ERROR(read_nodes(root, base_dir, &cluster, &shorthand_ranks));
   bool shorthand = false;
@@ -445,7 +453,12 @@ std::string dump_cluster(const Cluster& cluster) {
         << "\": {\"bandwidth_gb_s\": " << number(cluster.links[i].bandwidth_gb_s)
         << ", \"latency_us\": " << number(cluster.links[i].latency_us) << "}"
         << (i + 1 < kNumLinkClasses ? ",\n" : "\n");
-  out << "  },\n  \"nodes\": [";
+  out << "  },\n";
+  if (cluster.device != DeviceSpec{})
+    out << "  \"device\": {\"tflops\": " << number(cluster.device.tflops)
+        << ", \"memory_gb\": " << number(cluster.device.memory_gb)
+        << ", \"memory_gb_s\": " << number(cluster.device.memory_gb_s) << "},\n";
+  out << "  \"nodes\": [";
   for (size_t n = 0; n < cluster.nodes.size(); ++n) {
     const Machine& m = cluster.nodes[n];
     const char* in = "      ";

@@ -91,8 +91,8 @@ class Parser {
       if (peek() != ':') return fail("expected ':' after a key");
       ++pos_;
       skip_space();
-      out->members.emplace_back(std::move(key), Value{});
-      WEFT_RETURN_IF_ERROR(value(&out->members.back().second, depth + 1));
+      out->members.push_back({std::move(key), Value{}});
+      WEFT_RETURN_IF_ERROR(value(&out->members.back().value, depth + 1));
       skip_space();
       if (peek() == ',') {
         ++pos_;

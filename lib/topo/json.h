@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -17,16 +16,25 @@ namespace weft::topo::json {
 
 enum class Type : uint8_t { Null, Bool, Number, String, Array, Object };
 
+struct Member;
+
 struct Value {
   Type type = Type::Null;
   bool boolean = false;
   std::string text;  // a String's contents, or a Number's literal as written
   std::vector<Value> items;
-  std::vector<std::pair<std::string, Value>> members;  // in file order, keys unique
-  int line = 0, column = 0;                            // where the value starts
+  std::vector<Member> members;  // in file order, keys unique
+  int line = 0, column = 0;     // where the value starts
 
   // The member named `key`, or null.
   const Value* find(std::string_view key) const;
+};
+
+// An object's member. Not a std::pair: a pair of a still incomplete Value does not compile
+// with clang and libstdc++ (its constructors' traits need Value complete).
+struct Member {
+  std::string key;
+  Value value;
 };
 
 const char* type_name(Type type);

@@ -419,5 +419,30 @@ TEST(CppApi, NarrowFloatsConvertLikeTheLibrary) {
   EXPECT_EQ(wide, 1.0);
 }
 
+// The size query agrees with the C++ element types the dtype is deduced from.
+template <typename T>
+void expect_size_of_deduced_dtype() {
+  size_t size = 0;
+  ASSERT_EQ(weftDataTypeSize(datatype_of<T>(), &size), weftSuccess);
+  EXPECT_EQ(size, sizeof(T)) << datatype_of<T>();
+}
+
+TEST(CppApi, DataTypeSizeMatchesTheElementTypes) {
+  expect_size_of_deduced_dtype<int8_t>();
+  expect_size_of_deduced_dtype<uint32_t>();
+  expect_size_of_deduced_dtype<int64_t>();
+  expect_size_of_deduced_dtype<double>();
+  expect_size_of_deduced_dtype<float16>();
+  expect_size_of_deduced_dtype<bfloat16>();
+  expect_size_of_deduced_dtype<float8_e5m2>();
+  size_t size = 7;
+  EXPECT_EQ(weftDataTypeSize(static_cast<weftDataType_t>(weftNumTypes), &size),
+            weftInvalidArgument);
+  EXPECT_NE(std::string(weftGetLastError(nullptr)).find("datatype"), std::string::npos);
+  EXPECT_EQ(size, 7u);
+  EXPECT_EQ(weftDataTypeSize(weftFloat32, nullptr), weftInvalidArgument);
+  EXPECT_NE(std::string(weftGetLastError(nullptr)).find("size"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace weft::testing

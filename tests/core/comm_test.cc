@@ -109,20 +109,11 @@ int listen_loopback(int port) {
 }
 
 TEST(InitFromEnv, TorchrunVariablesLeaveMasterPortToTheStore) {
-  // torch's store listens on MASTER_PORT; rank 0 must take the next port,
-  // which is checked free here so that only the rule under test can fail.
-  int store = -1, store_port = 0;
-  for (int attempt = 0; attempt < 20 && store < 0; ++attempt) {
-    store_port = free_loopback_port();
-    store = listen_loopback(store_port);
-    int next = store < 0 ? -1 : listen_loopback(store_port + 1);
-    if (next < 0 && store >= 0) {
-      close(store);
-      store = -1;
-    }
-    if (next >= 0) close(next);
-  }
-  ASSERT_GE(store, 0) << "no free pair of ports";
+  // torch's store listens on MASTER_PORT; rank 0 must take the next port, which
+  // free_loopback_port checked free (below the ephemeral range, so it stays free).
+  const int store_port = free_loopback_port();
+  const int store = listen_loopback(store_port);
+  ASSERT_GE(store, 0) << "port " << store_port << " was taken";
   std::string port = std::to_string(store_port);
   RunOptions options;
   options.make_unique_id = false;

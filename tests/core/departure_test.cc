@@ -19,10 +19,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kTimeoutMs = 60000;
 constexpr double kPromptSeconds = kTimeoutMs / 1000.0 / 4;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 void expect_names_leaver(const std::string& message, const char* what) {
   EXPECT_NE(message.find("rank 1 ("), std::string::npos) << message;
   EXPECT_NE(message.find("left the communicator"), std::string::npos) << message;

@@ -25,6 +25,7 @@ const std::vector<BadValues>& bad_values() {
       {"WEFT_DEBUG_SUBSYS", {"BOGUS", "INIT,BOGUS", "^"}},
       {"WEFT_DEBUG_FILE", {"/nonexistent-weft-dir/log"}},
       {"WEFT_TIMEOUT_MS", {"0", "-5", "10s", "99999999999"}},
+      {"WEFT_CHECK", {"sometimes", "fullest", "1"}},
       {"WEFT_SOCKET_IFNAME", {"nosuch", "=lo-nosuch"}},
       {"WEFT_RANK", {"-1", "one", "1"}},
       {"WEFT_NRANKS", {"0", "two"}},
@@ -34,9 +35,11 @@ const std::vector<BadValues>& bad_values() {
       {"WEFT_LOCAL_SIZE", {"0", "x"}},
       {"WEFT_ALGO", {"allreduce:bogus", "nosuch:ring"}},
       {"WEFT_TOPO_FILE", {"/nonexistent-weft-dir/topo.json"}},
+      {"WEFT_TUNER_FILE", {"/nonexistent-weft-dir/tuner.txt"}},
       {"WEFT_REDUCE_ISA", {"sse9", "avx"}},
       {"WEFT_SHM_BYTES", {"4X", "-1", "1T"}},
       {"WEFT_SHM_DISABLE", {"2", "maybe"}},
+      {"WEFT_FAST_PATH", {"2", "fast"}},
       {"WEFT_SHM_ZERO_COPY_BYTES", {"-1", "8KB", "inf"}},
       {"WEFT_SHM_CMA_BYTES", {"-1", "1.5K"}},
   };
@@ -96,7 +99,8 @@ TEST(EnvConfig, GoodValuesParse) {
         Good{"WEFT_SHM_DISABLE", "yes", 1}, Good{"WEFT_SHM_DISABLE", "0", 0},
         Good{"WEFT_DEBUG", "info", 2}, Good{"WEFT_REDUCE_ISA", "AVX2", 1},
         Good{"WEFT_DEBUG_SUBSYS", "init,Coll", weft::kLogINIT | weft::kLogCOLL},
-        Good{"WEFT_LOCAL_RANK", "0", 0}}) {
+        Good{"WEFT_LOCAL_RANK", "0", 0}, Good{"WEFT_CHECK", "off", 0},
+        Good{"WEFT_CHECK", "FULL", 2}}) {
     std::string expected;
     EXPECT_EQ(weft::parse_env_value(weft::env_var(g.name), g.text, &expected), g.value)
         << g.name << "=" << g.text << ": " << expected;

@@ -5,31 +5,14 @@
 #include <cstring>
 #include <string>
 
+#include "support/expect_error.h"
+#include "support/single_rank.h"
 #include "weft/weft.h"
 
 namespace {
 
-// Asserts the result and that the last error mentions `needle`.
-#define EXPECT_ERROR(call, code, needle)                                              \
-  do {                                                                                \
-    EXPECT_EQ((call), (code));                                                        \
-    EXPECT_NE(std::string(weftGetLastError(nullptr)).find(needle), std::string::npos) \
-        << "last error: " << weftGetLastError(nullptr);                               \
-  } while (0)
-
-class SingleRank : public ::testing::Test {
+class SingleRank : public weft::testing::SingleRankTest {
  protected:
-  void SetUp() override {
-    weftUniqueId id;
-    ASSERT_EQ(weftGetUniqueId(&id), weftSuccess) << weftGetLastError(nullptr);
-    ASSERT_EQ(weftCommInitRank(&comm_, 1, id, 0), weftSuccess) << weftGetLastError(nullptr);
-  }
-  void TearDown() override {
-    if (comm_ != nullptr) {
-      EXPECT_EQ(weftCommDestroy(comm_), weftSuccess);
-    }
-  }
-  weftComm_t comm_ = nullptr;
   int buffer_[16] = {};
 };
 

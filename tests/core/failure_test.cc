@@ -15,10 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 constexpr int kLongTimeoutMs = 60000;
 
 // Every rank but `target` sends it a token; `target` returns once it has them all.
@@ -108,6 +104,57 @@ TEST(Failure, StalledPeerIsATimeout) {
   });
   close(release[0]);
   close(release[1]);
+}
+
+// Rank 2 stops (SIGSTOP) inside an AllReduce loop. Both survivors fail the
+// call they are in within one timeout (plus a margin), not two: the first to
+// time out fails the communicator for the other, naming who waited for whom.
+TEST(Failure, StoppedPeerFailsEveryoneWithinOneTimeout) {
+  int victim_pid[2];
+  ASSERT_EQ(pipe(victim_pid), 0);
+  RunOptions options;
+  options.expected.assign(3, ExpectedEnd{});
+  options.expected[2].signal = SIGKILL;
+  run_ranks(
+      3,
+      [&victim_pid](const RankContext& context) {
+        const int kTimeoutMs = 2000;
+        weftComm_t comm = init_comm(context, kTimeoutMs);
+        std::vector<float> data(1024, 1.0f);
+        if (context.rank == 2) {
+          pid_t self = getpid();
+          ASSERT_EQ(write(victim_pid[1], &self, sizeof(self)), static_cast<ssize_t>(sizeof(self)));
+          for (int i = 0; i < 20; ++i)
+            ASSERT_EQ(weftAllReduce(data.data(), data.data(), data.size(), weftFloat32, weftSum,
+                                    comm, nullptr),
+                      weftSuccess);
+          raise(SIGSTOP);  // killed by rank 0 once it has given up
+          return;
+        }
+        weftResult_t result = weftSuccess;
+        double call_seconds = 0;
+        for (int i = 0; result == weftSuccess && i < 1000; ++i) {
+          auto start = Clock::now();
+          result = weftAllReduce(data.data(), data.data(), data.size(), weftFloat32, weftSum, comm,
+                                 nullptr);
+          call_seconds = seconds_since(start);
+        }
+        const std::string error = weftGetLastError(comm);
+        EXPECT_TRUE(result == weftTimeout || result == weftRemoteError) << error;
+        EXPECT_LT(call_seconds, kTimeoutMs / 1000.0 + 1.5) << error;
+        EXPECT_NE(error.find("timed out"), std::string::npos) << error;
+        EXPECT_NE(error.find("rank 2"), std::string::npos) << error;
+        if (context.rank == 0) {
+          pid_t victim = 0;
+          ASSERT_EQ(read(victim_pid[0], &victim, sizeof(victim)),
+                    static_cast<ssize_t>(sizeof(victim)));
+          kill(victim, SIGKILL);
+        }
+        EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+      },
+      options);
+  close(victim_pid[0]);
+  close(victim_pid[1]);
 }
 
 TEST(Failure, AbortedPeerIsARemoteErrorForOthers) {

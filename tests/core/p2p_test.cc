@@ -133,6 +133,33 @@ TEST(P2P, MessagesToOnePeerArriveInOrder) {
   });
 }
 
+// Every rank destroys its communicator and exits the moment its last
+// AllToAllv (large, rendezvous-sized pieces) completes. Every rank's call
+// still completes: a destroy delivers the acknowledgements its peers wait for
+// before the transport goes (they were once lost, and a sender timed out
+// about one run in four).
+TEST(P2P, LastTransfersCompleteWhenPeersLeaveAtOnce) {
+  for (int run = 0; run < 6; ++run) {
+    run_ranks(4, [run](const RankContext& context) {
+      const size_t kPiece = (1u << 20) / sizeof(int32_t);
+      std::vector<size_t> counts(context.nranks, kPiece), displs(context.nranks);
+      for (int q = 0; q < context.nranks; ++q) displs[q] = q * kPiece;
+      std::vector<int32_t> sent(kPiece * context.nranks), received(sent.size());
+      for (size_t i = 0; i < sent.size(); ++i) sent[i] = context.rank * 1000 + run + (i % 7);
+      weftComm_t comm = init_comm(context, 20000);
+      ASSERT_EQ(weftAllToAllv(sent.data(), counts.data(), displs.data(), received.data(),
+                              counts.data(), displs.data(), weftInt32, comm, nullptr),
+                weftSuccess)
+          << "run " << run << ": " << weftGetLastError(comm);
+      for (int q = 0; q < context.nranks; ++q)
+        for (size_t i = 0; i < kPiece; i += 4099)
+          ASSERT_EQ(received[q * kPiece + i],
+                    static_cast<int32_t>(q * 1000 + run + ((context.rank * kPiece + i) % 7)));
+      ASSERT_EQ(weftCommDestroy(comm), weftSuccess);
+    });
+  }
+}
+
 TEST(P2P, ShortSendIsAMismatchError) {
   run_ranks(2, [](const RankContext& context) {
     weftComm_t comm = init_comm(context);

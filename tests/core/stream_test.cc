@@ -1,12 +1,15 @@
 // Streams and events: ordering, concurrency, cross-stream events, failures
-// behind a dead peer, many small operations, draining destroy, idle CPU, and
-// communicators used from several threads.
+// behind a dead peer, many small operations, draining destroy, the thread's
+// lifetime, idle CPU, and communicators used from several threads.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -130,6 +133,68 @@ TEST(Streams, DestroyDrainsPendingWork) {
                 weftSuccess);
     EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);  // documented: drains first
     EXPECT_EQ(x, std::vector<double>(x.size(), 81.0));
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+// This process's threads named `name` (the stream engine names its thread "weft-streams").
+int threads_named(const std::string& name) {
+  int count = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    count += std::getline(comm, line) && line == name;
+  }
+  return count;
+}
+
+// threads_named once the kernel has reaped what exited: a joined thread's /proc entry may
+// outlive pthread_join by a moment (the join wakes at the thread's exit, the reaping follows).
+int settled_threads_named(const std::string& name, int expected) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  int count = threads_named(name);
+  while (count != expected && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::yield();
+    count = threads_named(name);
+  }
+  return count;
+}
+
+// This process's eventfd descriptors. Only the engine's may come and go here: a rank that hosts
+// the bootstrap root also closes sockets on its own schedule, so all descriptors would not do.
+int eventfds() {
+  int count = 0;
+  std::error_code error;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    count += std::filesystem::read_symlink(fd.path(), error).string() == "anon_inode:[eventfd]";
+  }
+  return count;
+}
+
+// The streams' thread and its eventfd live only while a stream does: a process that creates and
+// destroys streams in rotation (a soak, PyTorch's per-group streams) keeps nothing, and the next
+// stream starts them again.
+TEST(Streams, TheLastStreamsDestroyEndsTheThread) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context);
+    int32_t x = 1;
+    ASSERT_EQ(weftAllReduce(&x, &x, 1, weftInt32, weftSum, comm, nullptr), weftSuccess);
+    const int fds = eventfds();
+    ASSERT_EQ(threads_named("weft-streams"), 0);
+    for (int round = 0; round < 3; ++round) {
+      weftStream_t first, second;
+      ASSERT_EQ(weftStreamCreate(&first), weftSuccess);
+      ASSERT_EQ(weftStreamCreate(&second), weftSuccess);
+      EXPECT_EQ(threads_named("weft-streams"), 1);
+      int32_t value = context.rank + round;
+      ASSERT_EQ(weftAllReduce(&value, &value, 1, weftInt32, weftSum, comm, first), weftSuccess);
+      ASSERT_EQ(weftStreamDestroy(first), weftSuccess);
+      EXPECT_EQ(threads_named("weft-streams"), 1);  // the second stream still has it
+      EXPECT_EQ(value, 1 + 2 * round);
+      ASSERT_EQ(weftStreamDestroy(second), weftSuccess);
+      EXPECT_EQ(settled_threads_named("weft-streams", 0), 0) << "round " << round;
+      EXPECT_EQ(eventfds(), fds) << "round " << round;
+    }
     EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
   });
 }

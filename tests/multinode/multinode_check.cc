@@ -4,8 +4,10 @@
 //   check: runs every collective and grouped Send/Recv with exact integer
 //          checks, exit 0 when all match, 1 on a mismatch;
 //   twolevel: the same checks for the hier and leader schedules, forced;
-//   fault: runs AllReduce in a loop until it fails (a host was killed or cut
-//          off), prints the error and exits 3; exit 4 if nothing failed.
+//   fault: runs an operation in a loop until it fails (a host was killed or cut
+//          off): a split, a blocking AllReduce, one on a stream, or a group of
+//          Send/Recv between every pair (or, for init, expects the init to
+//          fail); prints the error and exits 3; exit 4 if nothing failed.
 // A failed call exits 3 in both modes. Public API only (weft/weft.h), plus the
 // topology library for the cluster view.
 #include <unistd.h>
@@ -309,27 +311,90 @@ int two_level_mode(weftComm_t comm, int rank, int nranks) {
   return failures == 0 ? 0 : kMismatchExit;
 }
 
-int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file) {
+// What a fault test's ranks do when the fault comes: initialise (the fault comes first), split,
+// a blocking AllReduce, an AllReduce queued on a stream, or a group in which every rank sends to
+// and receives from every other.
+enum class FaultPhase { Init, Split, Blocking, Stream, Group };
+
+bool parse_fault_phase(const char* text, FaultPhase* phase) {
+  if (strcmp(text, "init") == 0)
+    *phase = FaultPhase::Init;
+  else if (strcmp(text, "split") == 0)
+    *phase = FaultPhase::Split;
+  else if (strcmp(text, "blocking") == 0)
+    *phase = FaultPhase::Blocking;
+  else if (strcmp(text, "stream") == 0)
+    *phase = FaultPhase::Stream;
+  else if (strcmp(text, "group") == 0)
+    *phase = FaultPhase::Group;
+  else
+    return false;
+  return true;
+}
+
+// Runs the phase's operation in a loop until it fails (a host was killed or cut off): prints
+// "rank R: OPERATION failed at iteration N: ..." and exits 3. Every result is checked exactly.
+int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file, FaultPhase phase) {
   const size_t count = 1 << 14;
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
+  weftStream_t stream = nullptr;
+  if (phase == FaultPhase::Stream) must(comm, weftStreamCreate(&stream), "weftStreamCreate");
+  const char* what = phase == FaultPhase::Split    ? "weftCommSplit"
+                     : phase == FaultPhase::Group  ? "grouped weftSend/weftRecv"
+                     : phase == FaultPhase::Stream ? "weftAllReduce on a stream"
+                                                   : "weftAllReduce";
   std::vector<int32_t> data(count);
+  std::vector<std::vector<int32_t>> received(nranks, std::vector<int32_t>(count));
   for (long iteration = 0; Clock::now() - start < std::chrono::seconds(30); ++iteration) {
     for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
-    weftResult_t result =
-        weftAllReduce(data.data(), data.data(), count, weftInt32, weftSum, comm, nullptr);
-    if (result != weftSuccess)
-      call_failed(comm, "weftAllReduce", result, " at iteration " + std::to_string(iteration));
-    for (size_t i = 0; i < count; ++i) {
-      int32_t want = 0;
-      for (int q = 0; q < nranks; ++q) want += value(q, i);
-      if (data[i] != want) {
-        fprintf(stderr, "rank %d: iteration %ld: element %zu is %d, want %d\n", rank, iteration, i,
-                data[i], want);
-        return kMismatchExit;
+    weftResult_t result = weftSuccess;
+    if (phase == FaultPhase::Split) {
+      // Every rank in one new communicator (a split's whole work: bootstrap, transport).
+      weftComm_t split = nullptr;
+      int size = 0;
+      result = weftCommSplit(comm, 0, rank, &split, nullptr);
+      if (result == weftSuccess) {
+        must(split, weftCommCount(split, &size), "weftCommCount");
+        must(split, weftCommDestroy(split), "weftCommDestroy");
+        if (size != nranks) {
+          fprintf(stderr, "rank %d: split of %d ranks has %d\n", rank, nranks, size);
+          return kMismatchExit;
+        }
       }
+    } else if (phase == FaultPhase::Group) {
+      weftGroupStart();
+      for (int peer = 0; peer < nranks; ++peer) {
+        if (peer == rank) continue;
+        weftSend(data.data(), count, weftInt32, peer, comm, nullptr);
+        weftRecv(received[peer].data(), count, weftInt32, peer, comm, nullptr);
+      }
+      result = weftGroupEnd();
+    } else {
+      result = weftAllReduce(data.data(), data.data(), count, weftInt32, weftSum, comm, stream);
+      if (result == weftSuccess && stream != nullptr) result = weftStreamSynchronize(stream);
     }
-    if (iteration == 20)
+    if (result != weftSuccess)
+      call_failed(comm, what, result, " at iteration " + std::to_string(iteration));
+    for (int peer = 0; peer < nranks && phase != FaultPhase::Split; ++peer) {
+      if (phase == FaultPhase::Group && peer == rank) continue;
+      for (size_t i = 0; i < count; ++i) {
+        int32_t want = 0, got = phase == FaultPhase::Group ? received[peer][i] : data[i];
+        if (phase == FaultPhase::Group) {
+          want = value(peer, i);
+        } else {
+          for (int q = 0; q < nranks; ++q) want += value(q, i);
+        }
+        if (got != want) {
+          fprintf(stderr, "rank %d: iteration %ld: element %zu is %d, want %d\n", rank, iteration,
+                  i, got, want);
+          return kMismatchExit;
+        }
+      }
+      if (phase != FaultPhase::Group) break;  // one result to check
+    }
+    // Splits take much longer than the operations: fewer of them warm up.
+    if (iteration == (phase == FaultPhase::Split ? 2 : 20))
       std::ofstream(std::string(ready_file) + "." + std::to_string(rank)) << "\n";
   }
   fprintf(stderr, "rank %d: no failure within 30 s\n", rank);
@@ -339,16 +404,27 @@ int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  FaultPhase phase = FaultPhase::Blocking;
   if (argc < 3 ||
       (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "twolevel") != 0 &&
        strcmp(argv[1], "fault") != 0) ||
-      (strcmp(argv[1], "fault") == 0 && argc < 4)) {
-    fprintf(stderr, "usage: %s check HOSTS | twolevel HOSTS | fault HOSTS READY_FILE\n", argv[0]);
+      (strcmp(argv[1], "fault") == 0 &&
+       (argc < 4 || (argc > 4 && !parse_fault_phase(argv[4], &phase))))) {
+    fprintf(stderr,
+            "usage: %s check HOSTS | twolevel HOSTS | fault HOSTS READY_FILE "
+            "[init|split|blocking|stream|group]\n",
+            argv[0]);
     return kUsageExit;
   }
   int expected_hosts = atoi(argv[2]);
+  if (const char* env_rank = getenv("WEFT_RANK")) g_rank = atoi(env_rank);  // for init's error
   weftComm_t comm = nullptr;
   must(nullptr, weftCommInitFromEnv(&comm, nullptr), "weftCommInitFromEnv");
+  if (strcmp(argv[1], "fault") == 0 && phase == FaultPhase::Init) {
+    fprintf(stderr, "rank %d: init succeeded although the fault came first\n", g_rank);
+    weftCommAbort(comm);
+    return kNoFailureExit;
+  }
   int rank = 0, nranks = 0;
   must(comm, weftCommUserRank(comm, &rank), "weftCommUserRank");
   must(comm, weftCommCount(comm, &nranks), "weftCommCount");
@@ -359,7 +435,7 @@ int main(int argc, char** argv) {
   }
   int code = strcmp(argv[1], "check") == 0      ? check_mode(comm, rank, nranks)
              : strcmp(argv[1], "twolevel") == 0 ? two_level_mode(comm, rank, nranks)
-                                                : fault_mode(comm, rank, nranks, argv[3]);
+                                                : fault_mode(comm, rank, nranks, argv[3], phase);
   fflush(stdout);
   if (code != 0) {
     weftCommAbort(comm);

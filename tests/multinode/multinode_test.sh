@@ -10,25 +10,54 @@
 #   multinode_test.sh twolevel PROG WORKDIR     the hier and leader schedules forced, exact
 #   multinode_test.sh kill PROG WORKDIR         host c's ranks are killed mid-AllReduce
 #   multinode_test.sh linkdown PROG WORKDIR     host c's link goes down mid-AllReduce
+#   multinode_test.sh cut PROG WORKDIR VICTIM PHASE
+#                                                the fault matrix's network cut: the link of
+#                                                host a (VICTIM root: it hosts rank 0 and the
+#                                                bootstrap root) or host c (VICTIM nonroot) goes
+#                                                down while every rank loops on PHASE (split;
+#                                                blocking: AllReduce; stream: AllReduce on a
+#                                                stream; group: Send/Recv between every pair),
+#                                                or (init) before the ranks start
 #
 # In the fault tests every surviving rank must report an error and exit
-# within the timeout (WEFT_TIMEOUT_MS=3000) plus a margin, never hang.
+# within the timeout (WEFT_TIMEOUT_MS=3000) plus a margin, never hang. In
+# cut, the ranks on the other hosts must name a rank of the cut host, and the
+# cut host's ranks (alive, cut off) must fail within the same bound; each
+# rank's time to error is printed as "fault-matrix: VICTIM_cut_PHASE rank=R
+# seconds=S" (scripts/fault-matrix.py collects these lines).
 # Exit 77 (ctest skip) where network namespaces cannot be created.
 set -uo pipefail
 
-mode=${1:-} prog=${2:-} work=${3:-}
+mode=${1:-} prog=${2:-} work=${3:-} victim=${4:-} phase=${5:-blocking}
+margin_ms=5000
 case $mode in
   collectives | twolevel | kill | linkdown) ;;
-  *) echo "usage: $0 collectives|twolevel|kill|linkdown PROG WORKDIR" >&2; exit 2 ;;
+  cut)
+    case $victim in
+      root) victim_host=a ;;
+      nonroot) victim_host=c ;;
+      *) echo "$0: cut needs VICTIM root or nonroot, got '$victim'" >&2; exit 2 ;;
+    esac
+    case $phase in
+      init | split) phase_name=$phase ;;
+      blocking) phase_name=blocking_allreduce ;;
+      stream) phase_name=stream_allreduce ;;
+      group) phase_name=group_sendrecv ;;
+      *) echo "$0: cut needs PHASE init, split, blocking, stream or group, got '$phase'" >&2; exit 2 ;;
+    esac
+    margin_ms=2000 ;;  # the fault matrix's bound: the timeout plus 2 s
+  *) echo "usage: $0 collectives|twolevel|kill|linkdown PROG WORKDIR | cut PROG WORKDIR root|nonroot init|split|blocking|stream|group" >&2; exit 2 ;;
 esac
-readonly skip=77 timeout_ms=3000 margin_ms=5000
+readonly skip=77 timeout_ms=3000
 hosts=(a b c)
 rank_host=(a b c a c)  # 5 ranks, uneven (2 + 1 + 2) and interleaved
 nranks=${#rank_host[@]}
 prefix=weftmn-$$
 switch=$prefix-sw
 
-say() { echo "multinode_test[$mode]: $*"; }
+label=$mode
+[[ $mode == cut ]] && label="cut ${victim}_cut_$phase_name"
+say() { echo "multinode_test[$label]: $*"; }
 fail() { say "FAIL: $*"; exit 1; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
@@ -83,11 +112,19 @@ rank_limit=45
 case $mode in
   collectives) args=(check ${#hosts[@]}) ;;
   twolevel) args=(twolevel ${#hosts[@]}) ;;
-  *) args=(fault ${#hosts[@]} "$work/ready") ;;
+  *) args=(fault ${#hosts[@]} "$work/ready" "$phase") ;;
 esac
 # UCX's debug log names every endpoint's transports (checked below).
 [[ $mode == collectives ]] && export UCX_LOG_LEVEL=debug
 here=$(cd "$(dirname "$0")" && pwd)
+cut_ranks=()
+cut_link() {
+  ip -n "$switch" link set "port-$victim_host" down
+  say "took host $victim_host's link down ($victim victim, $phase_name)"
+  for r in "${!rank_host[@]}"; do [[ ${rank_host[$r]} == "$victim_host" ]] && cut_ranks+=("$r"); done
+}
+# For init the cut comes before any rank starts; time to error counts from the start.
+[[ $mode == cut && $phase == init ]] && { cut_link; t0=$(now_ms); }
 for h in "${hosts[@]}"; do
   ranks=""
   for r in "${!rank_host[@]}"; do [[ ${rank_host[$r]} == "$h" ]] && ranks+="$r "; done
@@ -173,6 +210,7 @@ fi
 # Fault tests: wait until every rank is inside the AllReduce loop.
 deadline=$(($(now_ms) + 30000))
 for r in "${all_ranks[@]}"; do
+  [[ $mode == cut && $phase == init ]] && break
   until [[ -e $work/ready.$r ]]; do
     (($(now_ms) < deadline)) || { show_output; fail "rank $r never reached the loop"; }
     [[ ! -e $work/rank$r.rc ]] || { show_output; fail "rank $r ended before the fault"; }
@@ -180,13 +218,17 @@ for r in "${all_ranks[@]}"; do
   done
 done
 
-t0=$(now_ms)
-if [[ $mode == kill ]]; then
+if [[ $mode == cut ]]; then
+  [[ $phase == init ]] || { t0=$(now_ms); cut_link; }
+  survivors=("${all_ranks[@]}")  # the cut host's ranks are alive, cut off, and must fail too
+elif [[ $mode == kill ]]; then
+  t0=$(now_ms)
   for pid in $(ip netns pids "$prefix-c"); do kill -9 "$pid" 2>/dev/null; done
   say "killed host c"
   survivors=()
   for r in "${all_ranks[@]}"; do [[ ${rank_host[$r]} == c ]] || survivors+=("$r"); done
 else
+  t0=$(now_ms)
   ip -n "$switch" link set port-c down
   say "took host c's link down"
   survivors=("${all_ranks[@]}")  # host c's ranks are alive, cut off, and must fail too
@@ -195,7 +237,9 @@ fi
 await_ranks $((t0 + timeout_ms + margin_ms)) "${survivors[@]}"
 failed=0
 for r in "${survivors[@]}"; do
-  message=$(grep -m1 "rank $r: weftAllReduce failed at iteration" "$work/rank$r.out")
+  message=$(grep -m1 -E "^rank $r: .* failed( at iteration [0-9]+)?: " "$work/rank$r.out")
+  on_cut_host=0
+  for q in "${cut_ranks[@]}"; do ((q == r)) && on_cut_host=1; done
   if [[ ${code[$r]} == none ]]; then
     say "rank $r had not ended $((timeout_ms + margin_ms)) ms after the fault"
     failed=1
@@ -205,8 +249,16 @@ for r in "${survivors[@]}"; do
   elif [[ -z $message ]]; then
     say "rank $r printed no error message"
     failed=1
+  elif [[ $mode == cut ]] && ((!on_cut_host)) &&
+    ! grep -qE "rank ($(IFS='|'; echo "${cut_ranks[*]}"))\b" <<<"$message"; then
+    say "rank $r's error names no rank of the cut host ($victim_host: ranks ${cut_ranks[*]}): $message"
+    failed=1
   else
     say "rank $r on host-${rank_host[$r]} failed after ${took[$r]} ms: $message"
+  fi
+  if [[ $mode == cut && ${code[$r]} != none ]]; then
+    printf 'fault-matrix: %s_cut_%s rank=%d seconds=%d.%03d cut_host=%d\n' "$victim" "$phase_name" \
+      "$r" $((took[$r] / 1000)) $((took[$r] % 1000)) "$on_cut_host"
   fi
 done
 ((failed == 0)) || { show_output; fail "a surviving rank did not fail cleanly"; }

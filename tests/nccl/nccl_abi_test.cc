@@ -481,6 +481,32 @@ void check_split_finalize(ncclComm_t world) {
   if (half != nullptr) OK(ncclCommDestroy(half));
 }
 
+// The last rank is excluded from a copy of world: its own call is refused, the
+// others get a communicator of n - 1 ranks in their old order.
+void check_shrink(ncclComm_t world) {
+  if (g_nranks < 2) return;
+  ncclComm_t copy = nullptr;
+  OK(ncclCommSplit(world, 0, g_rank, &copy, nullptr));
+  int excluded = g_nranks - 1;
+  ncclComm_t shrunk = nullptr;
+  ncclResult_t r = ncclCommShrink(copy, &excluded, 1, &shrunk, nullptr, NCCL_SHRINK_DEFAULT);
+  if (g_rank == excluded) {
+    CHECK(r == ncclInvalidUsage && strstr(ncclGetLastError(nullptr), "excludeRanks") != nullptr,
+          "excluded rank's shrink gave %d: %s", r, ncclGetLastError(nullptr));
+    // As after a failed init, the handle made for it is failed; destroying it is allowed.
+    if (shrunk != nullptr) OK(ncclCommDestroy(shrunk));
+  } else {
+    OK(r);
+    int count = 0, rank = -1;
+    OK(ncclCommCount(shrunk, &count));
+    OK(ncclCommUserRank(shrunk, &rank));
+    CHECK(count == g_nranks - 1 && rank == g_rank, "shrunk to rank %d of %d", rank, count);
+    sum_of_ranks(shrunk);
+    OK(ncclCommDestroy(shrunk));
+  }
+  OK(ncclCommDestroy(copy));
+}
+
 // Several communicators from one thread, inited and used in groups.
 void check_init_all() {
   ncclComm_t comms[2] = {nullptr, nullptr};
@@ -610,8 +636,8 @@ void check_errors(ncclComm_t world) {
   expect(ncclAllReduce(&x, &x, 1, ncclInt32, static_cast<ncclRedOp_t>(42), world, nullptr),
          ncclInvalidArgument, "op");
   expect(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
-  expect(ncclCommShrink(world, &x, 1, nullptr, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidUsage,
-         "shrink");
+  expect(ncclCommShrink(world, &x, 1, nullptr, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument,
+         "newcomm");
   expect(ncclCommRevoke(world, 1), ncclInvalidArgument, "revokeFlags");
   ncclDevComm_t dev;
   expect(ncclDevCommCreate(world, nullptr, &dev), ncclInvalidUsage, "device API");
@@ -676,6 +702,7 @@ int main() {
   check_simulate(world);
   check_config_and_nonblocking(world);
   check_split_finalize(world);
+  check_shrink(world);
   check_init_all();
   check_abort(world, false);
   check_abort(world, true);

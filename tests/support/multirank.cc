@@ -1,5 +1,7 @@
 #include "support/multirank.h"
 
+#include "common/free_port.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -10,10 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 namespace weft::testing {
 
@@ -95,6 +99,16 @@ void run_ranks(int nranks, const std::function<void(const RankContext&)>& body,
   int left = nranks;
   bool timed_out = false;
   while (left > 0) {
+    if (static_cast<size_t>(left) <= options.kill_after_others.size()) {
+      bool only_those = true;
+      for (int rank = 0; rank < nranks; ++rank)
+        only_those =
+            only_those && (ended[rank] || std::count(options.kill_after_others.begin(),
+                                                     options.kill_after_others.end(), rank) > 0);
+      if (only_those)
+        for (int rank : options.kill_after_others)
+          if (!ended[rank]) kill(pids[rank], SIGKILL);
+    }
     std::vector<pollfd> fds;
     for (int rank = 0; rank < nranks; ++rank)
       if (!ended[rank]) fds.push_back({pidfds[rank], POLLIN, 0});
@@ -133,6 +147,7 @@ void run_ranks(int nranks, const std::function<void(const RankContext&)>& body,
     close(pidfds[rank]);
   }
   EXPECT_FALSE(timed_out) << "ranks did not finish within " << options.timeout_s << " s";
+  if (options.on_end) options.on_end(pids);
 }
 
 weftComm_t init_comm(const RankContext& context, int timeout_ms) {
@@ -146,15 +161,9 @@ weftComm_t init_comm(const RankContext& context, int timeout_ms) {
 }
 
 int free_loopback_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
+  const int port = free_port_pair();
+  if (port == 0) ADD_FAILURE() << "no free port pair below " << ephemeral_port_low();
+  return port;
 }
 
 }  // namespace weft::testing

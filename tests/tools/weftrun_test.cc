@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -25,10 +24,11 @@
 
 #include <gtest/gtest.h>
 
+#include "support/command.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
 
 // weftrun's grace period between SIGTERM and SIGKILL.
 constexpr double kGraceSeconds = 2.0;
@@ -169,20 +169,7 @@ std::vector<std::string> sh_ranks(int nranks, const std::string& script,
 }
 
 // A scratch folder for pid files and fifos.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "weftrun_test.XXXXXX").string();
-    if (!mkdtemp(pattern.data())) std::abort();
-    path_ = pattern;
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string path() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using weft::testing::TempDir;
 
 pid_t read_pid(const std::string& path) {
   std::ifstream in(path);
@@ -432,6 +419,28 @@ TEST_F(WeftrunTest, FailingRankEndsTheOthers) {
   // Ranks that honour SIGTERM end at once, well before the SIGKILL grace period.
   EXPECT_LT(o.seconds, kGraceSeconds * 0.9);
   expect_job_gone(dir, n);
+}
+
+// --keep-going: rank 0 outlives rank 1's failure (it waits until weftrun has reaped rank 1,
+// which without the option ends the job at once) and finishes; weftrun reports rank 1's
+// status.
+TEST_F(WeftrunTest, KeepGoingLetsTheOthersFinish) {
+  TempDir dir;
+  const std::string pid1 = "'" + dir.file("pid.1") + "'";
+  Outcome o = run_weftrun(sh_ranks(2,
+                                   "if [ \"$WEFT_RANK\" = 1 ]; then echo $$ > " + pid1 +
+                                       ".tmp; mv " + pid1 + ".tmp " + pid1 +
+                                       "; exit 3; fi; "
+                                       "until [ -f " +
+                                       pid1 + " ]; do :; done; while kill -0 $(cat " + pid1 +
+                                       ") 2>/dev/null; do :; done; echo survived",
+                                   {"--keep-going"}));
+  EXPECT_EQ(o.exit_code(), 3) << o.err;
+  EXPECT_NE(o.out.find("[0] survived\n"), std::string::npos) << o.out << o.err;
+  EXPECT_NE(o.err.find("weftrun: rank 1 (pid " + std::to_string(read_pid(dir.file("pid.1"))) +
+                       ") exited with status 3\n"),
+            std::string::npos)
+      << o.err;
 }
 
 TEST_F(WeftrunTest, RankKilledBySignalEndsTheOthers) {

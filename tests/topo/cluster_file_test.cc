@@ -117,6 +117,28 @@ TEST(ClusterFile, LinkClassesBetweenCpuRanks) {
   expect_round_trip(c);
 }
 
+TEST(ClusterFile, DeviceComputeAndMemoryForPlanning) {
+  Cluster c = parse_ok(R"({"weft_topology": 1,
+    "device": {"tflops": 989, "memory_gb": 80, "memory_gb_s": 3350},
+    "nodes": [{"synthetic": "core:2 pu:1", "ranks": 2}]})");
+  EXPECT_EQ(c.device.tflops, 989);
+  EXPECT_EQ(c.device.memory_gb, 80);
+  EXPECT_EQ(c.device.memory_gb_s, 3350);
+  expect_round_trip(c);
+  // Absent: zeros, and the dump leaves the entry out.
+  Cluster plain = parse_ok(R"({"weft_topology": 1, "nodes": [{"synthetic": "core:2 pu:1"}]})");
+  EXPECT_TRUE(plain.device == DeviceSpec{});
+  EXPECT_EQ(dump_cluster(plain).find("device"), std::string::npos);
+  EXPECT_NE(parse_error(R"({"weft_topology": 1, "device": {"tflops": -1},
+    "nodes": [{"synthetic": "core:2 pu:1"}]})")
+                .find("device.tflops"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"weft_topology": 1, "device": {"flops": 1},
+    "nodes": [{"synthetic": "core:2 pu:1"}]})")
+                .find("flops"),
+            std::string::npos);
+}
+
 TEST(ClusterFile, XmlNodesResolveRelativeToTheFile) {
   Cluster c = parse_ok(R"({"weft_topology": 1,
     "nodes": [{"name": "x", "xml": "two_socket_gpus.xml", "count": 2, "ranks": 2}]})");

@@ -18,8 +18,7 @@ Config tiny() {
   return c;
 }
 
-TEST(ReferenceTest, BackwardMatchesFiniteDifferences) {
-  const Config config = tiny();
+void expect_finite_differences(const Config& config, float step = 1e-2f) {
   Reference model(config);
   const Batch batch = make_batch(config, 0);
   model.forward_backward(batch);
@@ -27,7 +26,7 @@ TEST(ReferenceTest, BackwardMatchesFiniteDifferences) {
   for (const Tensor& t : model.params()) grads.push_back(t.grad);
 
   std::mt19937 rng(7);
-  const float step = 1e-2f;
+
   for (size_t p = 0; p < model.params().size(); ++p) {
     std::vector<float>& value = model.params()[p].value;
     const std::vector<float>& grad = grads[p];
@@ -52,6 +51,27 @@ TEST(ReferenceTest, BackwardMatchesFiniteDifferences) {
           << model.specs()[p].name << "[" << i << "]";
     }
   }
+}
+
+TEST(ReferenceTest, BackwardMatchesFiniteDifferences) {
+  expect_finite_differences(tiny());
+}
+
+// The MoE MLP (router, top-k softmax weights, experts). Routing is piecewise constant: the
+// step must stay below the gaps between this batch's routing logits, which 1e-3 does (at
+// 1e-2 a token of the embedding checks changes expert and the loss jumps).
+TEST(ReferenceTest, MoeBackwardMatchesFiniteDifferences) {
+  Config config = tiny();
+  config.experts = 4, config.topk = 2;
+  expect_finite_differences(config, 1e-3f);
+}
+
+// Compressed attention (mean blocks of 3 every 2 positions over seq 7: positions 0 and 1
+// see no block, the others 1 to 3 of them).
+TEST(ReferenceTest, CompressedAttentionBackwardMatchesFiniteDifferences) {
+  Config config = tiny();
+  config.seq = 7, config.compressed = true, config.compress_block = 3, config.compress_stride = 2;
+  expect_finite_differences(config);
 }
 
 TEST(ReferenceTest, AdamLowersTheLossOnAFixedBatch) {

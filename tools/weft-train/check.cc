@@ -62,7 +62,7 @@ Verdict verify(const std::vector<ParamSpec>& specs, const std::vector<RankReport
     for (int d = 0; d < dp; ++d) {
       double first = NAN;
       for (const RankReport& r : ranks)
-        if (r.dp == d) {
+        if (r.dp == d && !std::isnan(r.losses[step])) {  // NaN: a stage without the loss
           if (std::isnan(first)) first = r.losses[step];
           if (r.losses[step] != first)
             verdict.failures.push_back("loss of step " + std::to_string(step + 1) +
@@ -91,12 +91,21 @@ Verdict verify(const std::vector<ParamSpec>& specs, const std::vector<RankReport
     for (size_t e = offset; e < offset + spec.size(); ++e) {
       if (verdict.failures.size() >= max_failures) break;
       const std::string at = spec.name + "[" + std::to_string(e - offset) + "]";
-      // The gradient the reduction must produce: the mean over dp of each replica's.
+      // The gradient the reduction must produce: the mean over dp of each replica's. An
+      // expert's local gradient sums its EP group's replicas instead, and one rank of each
+      // expert-DP group holds it: the mean is their sum over dp.
       double mean = 0;
-      for (int d = 0; d < dp; ++d)
-        mean += agreed(
-            ranks, [&](size_t r) { return ranks[r].grads[e]; }, in_replica(d),
-            "gradient " + at + " in replica " + std::to_string(d), verdict.failures);
+      if (spec.split == Split::kExperts) {
+        bool held = false;
+        for (const RankReport& r : ranks)
+          if (!std::isnan(r.grads[e])) mean += r.grads[e], held = true;
+        if (!held) verdict.failures.push_back("gradient " + at + " is held by no rank");
+      } else {
+        for (int d = 0; d < dp; ++d)
+          mean += agreed(
+              ranks, [&](size_t r) { return ranks[r].grads[e]; }, in_replica(d),
+              "gradient " + at + " in replica " + std::to_string(d), verdict.failures);
+      }
       grads.add(mean / dp, ref_grads[e]);
       if (verdict.has_reduced)
         reduced.add(agreed(

@@ -195,6 +195,104 @@ void attention_backward(const AttentionShape& shape, const float* qkv, const flo
     }
 }
 
+namespace {
+
+// The mean keys and values of every block of one batch element and head, [blocks, dh] each.
+struct CompressedBlocks {
+  int count;
+  std::vector<float> k, v;
+};
+
+CompressedBlocks compress(const HeadView& view, Compression c, const float* qkv, int i, int j) {
+  const int dh = view.s.head_dim;
+  CompressedBlocks blocks{view.s.seq < c.block ? 0 : (view.s.seq - c.block) / c.stride + 1, {}, {}};
+  blocks.k.assign(size_t(blocks.count) * dh, 0.0f);
+  blocks.v.assign(blocks.k.size(), 0.0f);
+  for (int b = 0; b < blocks.count; ++b)
+    for (int u = b * c.stride; u < b * c.stride + c.block; ++u)
+      for (int d = 0; d < dh; ++d) {
+        blocks.k[size_t(b) * dh + d] += qkv[view.qkv(u, i, j, 1) + d] / float(c.block);
+        blocks.v[size_t(b) * dh + d] += qkv[view.qkv(u, i, j, 2) + d] / float(c.block);
+      }
+  return blocks;
+}
+
+// The blocks closed at position t, and their softmax weights for t's query.
+int closed_blocks(Compression c, int t, int count) {
+  return t + 1 < c.block ? 0 : std::min(count, (t + 1 - c.block) / c.stride + 1);
+}
+void block_softmax(const float* q, const CompressedBlocks& blocks, int seen, int dh,
+                   std::vector<float>& p) {
+  const float scale = 1.0f / std::sqrt(float(dh));
+  p.resize(size_t(seen));
+  float max = -INFINITY, sum = 0;
+  for (int b = 0; b < seen; ++b)
+    max = std::max(max, p[b] = scale * dot(q, &blocks.k[size_t(b) * dh], dh));
+  for (int b = 0; b < seen; ++b) sum += p[b] = std::exp(p[b] - max);
+  for (int b = 0; b < seen; ++b) p[b] /= sum;
+}
+
+}  // namespace
+
+void compressed_attention(const AttentionShape& shape, Compression c, const float* qkv,
+                          float* out) {
+  const HeadView view{shape};
+  const int dh = shape.head_dim;
+  std::vector<float> p;
+  for (int i = 0; i < shape.batch; ++i)
+    for (int j = 0; j < shape.heads; ++j) {
+      const CompressedBlocks blocks = compress(view, c, qkv, i, j);
+      for (int t = 0; t < shape.seq; ++t) {
+        const int seen = closed_blocks(c, t, blocks.count);
+        block_softmax(qkv + view.qkv(t, i, j, 0), blocks, seen, dh, p);
+        float* o = out + view.out(t, i, j);
+        std::fill(o, o + dh, 0.0f);
+        for (int b = 0; b < seen; ++b)
+          for (int d = 0; d < dh; ++d) o[d] += p[b] * blocks.v[size_t(b) * dh + d];
+      }
+    }
+}
+
+void compressed_attention_backward(const AttentionShape& shape, Compression c, const float* qkv,
+                                   const float* dout, float* dqkv) {
+  const HeadView view{shape};
+  const int dh = shape.head_dim;
+  const float scale = 1.0f / std::sqrt(float(dh));
+  std::fill(dqkv, dqkv + size_t(shape.seq) * shape.batch * view.qkv_cols(), 0.0f);
+  std::vector<float> p, dp;
+  for (int i = 0; i < shape.batch; ++i)
+    for (int j = 0; j < shape.heads; ++j) {
+      const CompressedBlocks blocks = compress(view, c, qkv, i, j);
+      std::vector<float> dk(blocks.k.size(), 0.0f), dv(blocks.v.size(), 0.0f);
+      for (int t = 0; t < shape.seq; ++t) {
+        const int seen = closed_blocks(c, t, blocks.count);
+        const float* q = qkv + view.qkv(t, i, j, 0);
+        const float* g = dout + view.out(t, i, j);
+        block_softmax(q, blocks, seen, dh, p);
+        dp.resize(size_t(seen));
+        float weighted = 0;  // Σ_b P·dP
+        for (int b = 0; b < seen; ++b)
+          weighted += p[b] * (dp[b] = dot(g, &blocks.v[size_t(b) * dh], dh));
+        float* dq = dqkv + view.qkv(t, i, j, 0);
+        for (int b = 0; b < seen; ++b) {
+          const float ds = p[b] * (dp[b] - weighted) * scale;
+          for (int d = 0; d < dh; ++d) {
+            dq[d] += ds * blocks.k[size_t(b) * dh + d];
+            dk[size_t(b) * dh + d] += ds * q[d];
+            dv[size_t(b) * dh + d] += p[b] * g[d];
+          }
+        }
+      }
+      // Each block's mean spreads its gradient evenly over its positions.
+      for (int b = 0; b < blocks.count; ++b)
+        for (int u = b * c.stride; u < b * c.stride + c.block; ++u)
+          for (int d = 0; d < dh; ++d) {
+            dqkv[view.qkv(u, i, j, 1) + d] += dk[size_t(b) * dh + d] / float(c.block);
+            dqkv[view.qkv(u, i, j, 2) + d] += dv[size_t(b) * dh + d] / float(c.block);
+          }
+    }
+}
+
 double cross_entropy(int rows, int vocab, const float* logits, const int32_t* targets, float scale,
                      float* dlogits) {
   double total = 0;

@@ -43,6 +43,19 @@ void attention(const AttentionShape& shape, const float* qkv, float* out, float*
 void attention_backward(const AttentionShape& shape, const float* qkv, const float* probs,
                         const float* dout, float* dqkv);
 
+// Compressed attention (weft-train's --cp-algo compressed): per batch element and head,
+// block j of `block` positions starting at j·stride is compressed to the mean of its keys
+// and of its values; the query at t attends by softmax over the blocks that end at or
+// before t (none: output 0). Same qkv and out layouts as attention; the backward
+// recomputes the softmax.
+struct Compression {
+  int block, stride;
+};
+void compressed_attention(const AttentionShape& shape, Compression compression, const float* qkv,
+                          float* out);
+void compressed_attention_backward(const AttentionShape& shape, Compression compression,
+                                   const float* qkv, const float* dout, float* dqkv);
+
 // Softmax cross-entropy of rows×vocab logits against targets, summed over rows (the caller
 // scales). dlogits = scale · (softmax − onehot).
 double cross_entropy(int rows, int vocab, const float* logits, const int32_t* targets, float scale,

@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include "moe.h"
+
 namespace weft::train {
 
 std::vector<ParamSpec> param_specs(const Config& c) {
@@ -22,9 +24,15 @@ std::vector<ParamSpec> param_specs(const Config& c) {
     add("out.b", 1, h, I::kNormal, Split::kNone);
     add("ln2.w", 1, h, I::kOnes, Split::kNone);
     add("ln2.b", 1, h, I::kZeros, Split::kNone);
-    add("fc1.w", c.ffn, h, I::kNormal, Split::kRows);
-    add("fc1.b", c.ffn, 1, I::kNormal, Split::kRows);
-    add("fc2.w", h, c.ffn, I::kNormal, Split::kCols);
+    if (c.experts > 0) {  // the same slots (moe.h): stacked experts and the router
+      add("moe.fc1.w", c.experts * c.ffn, h, I::kNormal, Split::kExperts);
+      add("moe.router.w", c.experts, h, I::kNormal, Split::kNone);
+      add("moe.fc2.w", c.experts * h, c.ffn, I::kNormal, Split::kExperts);
+    } else {
+      add("fc1.w", c.ffn, h, I::kNormal, Split::kRows);
+      add("fc1.b", c.ffn, 1, I::kNormal, Split::kRows);
+      add("fc2.w", h, c.ffn, I::kNormal, Split::kCols);
+    }
     add("fc2.b", 1, h, I::kNormal, Split::kNone);
   }
   specs.push_back({"lnf.w", 1, h, I::kOnes, Split::kNone, c.layers + 1});
@@ -79,6 +87,7 @@ namespace {
 // What one layer's forward keeps for its backward.
 struct LayerActs {
   std::vector<float> x, a1, mean1, rstd1, qkv, probs, att, x1, c, mean2, rstd2, u, g;
+  MoeActs moe;
 };
 
 }  // namespace
@@ -107,17 +116,28 @@ double Reference::forward_backward(const Batch& batch) {
     layernorm(n, h, x.data(), p(kLn1W), p(kLn1B), a.a1.data(), a.mean1.data(), a.rstd1.data());
     a.qkv.resize(size_t(n) * 3 * h);
     linear(n, h, 3 * h, a.a1.data(), p(kQkvW), p(kQkvB), a.qkv.data());
-    a.probs.resize(size_t(c.batch) * c.heads * c.seq * c.seq), a.att.resize(x.size());
-    attention(shape, a.qkv.data(), a.att.data(), a.probs.data());
+    a.att.resize(x.size());
+    if (c.compressed) {
+      compressed_attention(shape, c.compression(), a.qkv.data(), a.att.data());
+    } else {
+      a.probs.resize(size_t(c.batch) * c.heads * c.seq * c.seq);
+      attention(shape, a.qkv.data(), a.att.data(), a.probs.data());
+    }
     linear(n, h, h, a.att.data(), p(kOutW), p(kOutB), o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     a.x1 = x;
     a.c.resize(x.size()), a.mean2.resize(n), a.rstd2.resize(n);
     layernorm(n, h, x.data(), p(kLn2W), p(kLn2B), a.c.data(), a.mean2.data(), a.rstd2.data());
-    a.u.resize(size_t(n) * f), a.g.resize(a.u.size());
-    linear(n, h, f, a.c.data(), p(kFc1W), p(kFc1B), a.u.data());
-    gelu(a.u.size(), a.u.data(), a.g.data());
-    linear(n, f, h, a.g.data(), p(kFc2W), p(kFc2B), o.data());
+    if (c.experts > 0) {
+      moe_forward(moe_shape(c), c.capacity, dp_groups(c.seq, c.batch, c.capacity_groups), n,
+                  a.c.data(), {p(kMoeRouterW), p(kMoeFc1W), p(kMoeFc2W), p(kFc2B)}, o.data(),
+                  a.moe);
+    } else {
+      a.u.resize(size_t(n) * f), a.g.resize(a.u.size());
+      linear(n, h, f, a.c.data(), p(kFc1W), p(kFc1B), a.u.data());
+      gelu(a.u.size(), a.u.data(), a.g.data());
+      linear(n, f, h, a.g.data(), p(kFc2W), p(kFc2B), o.data());
+    }
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   auto hw = [&](size_t which) { return w(head_param(c, which)); };
@@ -138,19 +158,28 @@ double Reference::forward_backward(const Batch& batch) {
     auto p = [&](size_t which) { return w(layer_param(l, which)); };
     auto dp = [&](size_t which) { return dw(layer_param(l, which)); };
     const LayerActs& a = acts[l];
-    std::vector<float> du(a.u.size());
-    linear_backward_weight(n, f, h, a.g.data(), dx.data(), dp(kFc2W), dp(kFc2B));
-    linear_backward_input(n, f, h, p(kFc2W), dx.data(), du.data());
-    gelu_backward(du.size(), a.u.data(), du.data(), du.data());
-    linear_backward_weight(n, h, f, a.c.data(), du.data(), dp(kFc1W), dp(kFc1B));
-    linear_backward_input(n, h, f, p(kFc1W), du.data(), dz.data());
+    if (c.experts > 0) {
+      moe_backward(moe_shape(c), n, a.c.data(),
+                   {p(kMoeRouterW), p(kMoeFc1W), p(kMoeFc2W), p(kFc2B)}, a.moe, dx.data(),
+                   dz.data(), {dp(kMoeRouterW), dp(kMoeFc1W), dp(kMoeFc2W), dp(kFc2B)});
+    } else {
+      std::vector<float> du(a.u.size());
+      linear_backward_weight(n, f, h, a.g.data(), dx.data(), dp(kFc2W), dp(kFc2B));
+      linear_backward_input(n, f, h, p(kFc2W), dx.data(), du.data());
+      gelu_backward(du.size(), a.u.data(), du.data(), du.data());
+      linear_backward_weight(n, h, f, a.c.data(), du.data(), dp(kFc1W), dp(kFc1B));
+      linear_backward_input(n, h, f, p(kFc1W), du.data(), dz.data());
+    }
     layernorm_backward(n, h, a.x1.data(), p(kLn2W), a.mean2.data(), a.rstd2.data(), dz.data(),
                        tmp.data(), dp(kLn2W), dp(kLn2B));
     for (size_t i = 0; i < dx.size(); ++i) dx[i] += tmp[i];
     std::vector<float> datt(x.size()), dqkv(a.qkv.size());
     linear_backward_weight(n, h, h, a.att.data(), dx.data(), dp(kOutW), dp(kOutB));
     linear_backward_input(n, h, h, p(kOutW), dx.data(), datt.data());
-    attention_backward(shape, a.qkv.data(), a.probs.data(), datt.data(), dqkv.data());
+    if (c.compressed)
+      compressed_attention_backward(shape, c.compression(), a.qkv.data(), datt.data(), dqkv.data());
+    else
+      attention_backward(shape, a.qkv.data(), a.probs.data(), datt.data(), dqkv.data());
     linear_backward_weight(n, h, 3 * h, a.a1.data(), dqkv.data(), dp(kQkvW), dp(kQkvB));
     linear_backward_input(n, h, 3 * h, p(kQkvW), dqkv.data(), dz.data());
     layernorm_backward(n, h, a.x.data(), p(kLn1W), a.mean1.data(), a.rstd1.data(), dz.data(),

@@ -22,14 +22,27 @@ struct Config {
   int layers = 2, hidden = 64, heads = 8, ffn = 128, vocab = 128, seq = 16, batch = 8;
   int steps = 2;
   uint64_t seed = 1;
+  // MoE MLP in place of the dense one when experts > 0 (moe.h): top-k routing with a
+  // capacity factor (0: none) applied per group of tokens; the groups are the DP ranks'
+  // shares of the batch, so the reference drops what the distributed run drops.
+  int experts = 0, topk = 2;
+  double capacity = 0;
+  int capacity_groups = 1;
+  // Compressed attention (kernels.h) in place of full attention: blocks of compress_block
+  // positions every compress_stride, as --cp-algo compressed runs it over CP.
+  bool compressed = false;
+  int compress_block = 4, compress_stride = 2;
   int head_dim() const { return hidden / heads; }
+  Compression compression() const { return {compress_block, compress_stride}; }
 };
 
 // How tensor parallelism shards a parameter stored [rows, cols] row-major: column-parallel
 // weights and biases split their rows (the output dim), row-parallel weights their columns.
 // Unsplit parameters are replicated; under sequence parallelism they are the ones applied to
 // sequence shards, whose gradients are partial per rank.
-enum class Split { kNone, kRows, kCols };
+// kExperts: stacked per-expert weights whose rows split over the EP ranks (each holds its
+// local experts' rows).
+enum class Split { kNone, kRows, kCols, kExperts };
 
 struct ParamSpec {
   std::string name;

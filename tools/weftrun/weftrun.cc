@@ -1,6 +1,7 @@
 // weftrun: launches N local ranks of a program with the WEFT_* bootstrap environment,
 // prefixes their output by rank, and ends the whole job when one rank fails.
-// Self-contained on purpose (libc + C++ std only): it must not depend on the Weft library.
+// Self-contained on purpose (libc, C++ std and header-only lib/common/free_port.h): it must
+// not depend on the Weft library.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -31,6 +32,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/free_port.h"
+
 namespace weft::run {
 namespace {
 
@@ -48,8 +51,8 @@ constexpr auto kGrace = std::chrono::seconds(2);
 constexpr size_t kMaxLine = 64 * 1024;
 
 constexpr const char* kUsage =
-    "usage: weftrun -n N [--bind-to core|none] [--timeout S] [--no-prefix] [--] prog "
-    "[args...]\n"
+    "usage: weftrun -n N [--bind-to core|none] [--timeout S] [--no-prefix] [--keep-going]\n"
+    "               [--] prog [args...]\n"
     "\n"
     "Starts N local ranks of prog, each with WEFT_RANK, WEFT_NRANKS, WEFT_LOCAL_RANK,\n"
     "WEFT_LOCAL_SIZE, WEFT_ROOT (127.0.0.1:<free port> unless already set) and WEFT_SECRET\n"
@@ -62,6 +65,9 @@ constexpr const char* kUsage =
     "                fit on the cores weftrun may use, none otherwise\n"
     "  --timeout S   end all ranks after S seconds and exit 124\n"
     "  --no-prefix   do not prefix output lines with \"[rank] \"\n"
+    "  --keep-going  a rank that fails does not end the others (for programs whose\n"
+    "                survivors recover, e.g. by weftCommShrink); weftrun still exits with\n"
+    "                the first failed rank's status once every rank has ended\n"
     "  -h, --help    this text\n"
     "\n"
     "Each output line of rank R is written as \"[R] line\" (stdout to stdout, stderr to\n"
@@ -102,6 +108,7 @@ struct Options {
   std::optional<double> timeout_s;
   std::string timeout_text;  // as given, for the timeout message
   bool prefix = true;
+  bool keep_going = false;  // a failed rank does not end the others
   std::vector<char*> argv;  // program and its arguments, null-terminated
 };
 
@@ -157,6 +164,8 @@ Options parse_options(int argc, char** argv) {
       }
     } else if (arg == "--no-prefix") {
       options.prefix = false;
+    } else if (arg == "--keep-going") {
+      options.keep_going = true;
     } else {
       usage_error("unknown option '" + std::string(arg) + "'");
     }
@@ -227,21 +236,17 @@ bool program_exists(const std::string& prog) {
   }
 }
 
-// A port that was free a moment ago; rank 0 binds it soon after. The small race with other
-// programs is accepted: the alternative (holding the socket) would need the library's help.
+// A port that was free a moment ago, below the ephemeral range; rank 0 binds it soon after.
+// The small race with other programs binding it is accepted: the alternative (holding the
+// socket) would need the library's help.
 std::string free_local_root() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    say(std::string("cannot find a free TCP port on 127.0.0.1: ") + strerror(errno));
+  int port = weft::free_port_pair();
+  if (port == 0) {
+    say("cannot find a free TCP port pair on 127.0.0.1 below " +
+        std::to_string(weft::ephemeral_port_low()));
     std::exit(1);
   }
-  close(fd);
-  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  return "127.0.0.1:" + std::to_string(port);
 }
 
 std::string random_secret() {
@@ -574,11 +579,17 @@ class Launcher {
     std::string who = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ")";
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
       say(who + " exited with status " + std::to_string(WEXITSTATUS(status)));
-      begin_ending(WEXITSTATUS(status), SIGTERM);
+      failed(WEXITSTATUS(status));
     } else if (WIFSIGNALED(status)) {
       say(who + " was killed by signal " + signal_text(WTERMSIG(status)));
-      begin_ending(128 + WTERMSIG(status), SIGTERM);
+      failed(128 + WTERMSIG(status));
     }
+  }
+
+  // A rank failed with exit_code: the job ends, unless --keep-going (the first one counts).
+  void failed(int exit_code) {
+    if (!options_.keep_going) return begin_ending(exit_code, SIGTERM);
+    if (exit_code_ == 0) exit_code_ = exit_code;
   }
 
   void begin_ending(int exit_code, int sig) {

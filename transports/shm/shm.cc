@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <random>
 
 namespace weft::shm {
@@ -30,10 +31,8 @@ std::string unique_name(const std::string& prefix) {
 }
 
 Status no_room(const std::string& name, size_t bytes, int error) {
-  struct statvfs fs {};
-  std::string free_text = "unknown";
-  if (statvfs(kShmDir, &fs) == 0)
-    free_text = std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize);
+  std::optional<uint64_t> room = free_bytes();
+  std::string free_text = room ? std::to_string(*room) : "unknown";
   return Error(weftSystemError,
                "cannot reserve %zu bytes of shared memory in %s for %s (%s; %s bytes free): "
                "enlarge %s (e.g. docker --shm-size), lower WEFT_SHM_BYTES or set "
@@ -51,6 +50,12 @@ Status map(int fd, size_t bytes, const std::string& name, std::byte** out) {
 }
 
 }  // namespace
+
+std::optional<uint64_t> free_bytes() {
+  struct statvfs fs {};
+  if (statvfs(kShmDir, &fs) != 0) return std::nullopt;
+  return static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
 
 Segment& Segment::operator=(Segment&& other) noexcept {
   if (this != &other) {
@@ -85,10 +90,8 @@ Status Segment::create_named(const std::string& name, size_t bytes, Segment* out
   // posix_fallocate commits the pages now; ftruncate alone would leave a hole
   // that faults with SIGBUS when tmpfs runs out later.
   // A request beyond what is free fails before committing any page.
-  struct statvfs fs {};
-  int error = statvfs(kShmDir, &fs) == 0 && bytes > fs.f_bavail * fs.f_frsize
-                  ? ENOSPC
-                  : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  std::optional<uint64_t> room = free_bytes();
+  int error = room && bytes > *room ? ENOSPC : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   Status status = error == 0 ? map(fd, bytes, name, &segment.data_) : no_room(name, bytes, error);
   close(fd);
   if (!status.ok()) {
@@ -128,6 +131,11 @@ Status Segment::anonymous(size_t bytes, Segment* out) {
   segment.size_ = bytes;
   *out = std::move(segment);
   return Status::Ok();
+}
+
+bool Segment::prefault() const {
+  if (data_ == nullptr || size_ == 0) return true;
+  return madvise(data_, size_, MADV_POPULATE_WRITE) == 0;
 }
 
 void Segment::unlink_name(const std::string& name) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -40,6 +41,11 @@ class Segment {
   static void unlink_name(const std::string& name);
   void unlink();
 
+  // Maps every page now, writable (MADV_POPULATE_WRITE), so that the first writes
+  // do not take a page fault per 4 KiB. Returns false where the kernel cannot
+  // (before Linux 5.14): the pages then fault on first touch, as without it.
+  bool prefault() const;
+
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
@@ -50,6 +56,9 @@ class Segment {
   std::string name_;
   bool linked_ = false;  // created here and not yet unlinked
 };
+
+// Bytes free in /dev/shm for this process; nullopt when it cannot be read.
+std::optional<uint64_t> free_bytes();
 
 // Unlinks the names "/<prefix>-<pid>-..." in /dev/shm whose pid no longer
 // exists: what a process that crashed holding named segments left behind.

@@ -1,7 +1,11 @@
 #include "transports/ucx/ucx_transport.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "common/log.h"
 
@@ -50,25 +54,68 @@ Status track(ucs_status_ptr_t posted, Request* request, const char* what) {
 
 }  // namespace
 
-Status Transport::create(std::unique_ptr<Transport>* out) {
-  std::unique_ptr<Transport> transport(new Transport());
+namespace {
+
+// One ucp context per process, shared by the communicators' workers: reading
+// UCX's configuration and opening its components is most of what a context
+// costs, and a split would pay it again for every communicator. Kept while
+// some transport holds it; a child forked from the process makes its own.
+std::mutex context_mutex;
+std::weak_ptr<ucp_context> shared_context;
+pid_t shared_context_pid = 0;
+
+Status make_context(std::shared_ptr<ucp_context>* out) {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return ucx_error("config read", status);
+  // UCX's registration cache hooks the process's mmap/munmap, and creating it
+  // takes the lock of those hooks: in a child forked from a multi-threaded
+  // parent ucp_init could hang on it. Weft registers nothing with UCX, so it
+  // does without the cache. UCX_RCACHE_ENABLE set by the user still wins.
+  if (getenv("UCX_RCACHE_ENABLE") == nullptr) (void)ucp_config_modify(config, "RCACHE_ENABLE", "n");
+  // UCX's posix transport reserves receive FIFOs in /dev/shm for every worker
+  // (about 4 MiB each, measured: docs/shared-memory.md), which a container's
+  // 64 MB /dev/shm cannot give to dozens of communicators; its sysv twin moves
+  // messages the same way from SysV memory, outside /dev/shm. UCX_TLS set by
+  // the user still wins.
+  if (getenv("UCX_TLS") == nullptr) (void)ucp_config_modify(config, "TLS", "^posix");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-  params.mt_workers_shared = 0;
-  status = ucp_init(&params, config, &transport->context_);
+  // Workers of different communicators run on different threads at once.
+  params.mt_workers_shared = 1;
+  ucp_context_h context = nullptr;
+  status = ucp_init(&params, config, &context);
   ucp_config_release(config);
   if (status != UCS_OK) return ucx_error("init", status);
+  *out = std::shared_ptr<ucp_context>(context, [](ucp_context_h c) { ucp_cleanup(c); });
+  return Status::Ok();
+}
+
+Status process_context(std::shared_ptr<ucp_context>* out) {
+  std::lock_guard<std::mutex> lock(context_mutex);
+  if (shared_context_pid == getpid()) *out = shared_context.lock();
+  if (*out) return Status::Ok();
+  // None alive, or the parent's (inherited by fork, unusable here): a new one.
+  WEFT_RETURN_IF_ERROR(make_context(out));
+  shared_context = *out;
+  shared_context_pid = getpid();
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Transport::create(std::unique_ptr<Transport>* out) {
+  std::unique_ptr<Transport> transport(new Transport());
+  WEFT_RETURN_IF_ERROR(process_context(&transport->context_));
+  ucs_status_t status = UCS_OK;
 
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
   // Serialized: the caller guarantees one thread at a time (the communicator's lock).
   worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   worker_params.events = UCP_WAKEUP_TAG_SEND | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
-  status = ucp_worker_create(transport->context_, &worker_params, &transport->worker_);
+  status = ucp_worker_create(transport->context_.get(), &worker_params, &transport->worker_);
   if (status != UCS_OK) return ucx_error("worker create", status);
   status = ucp_worker_get_efd(transport->worker_, &transport->event_fd_);
   if (status != UCS_OK) return ucx_error("worker event fd", status);
@@ -84,10 +131,15 @@ Status Transport::create(std::unique_ptr<Transport>* out) {
   return Status::Ok();
 }
 
+// How long a clean close waits for its endpoints' flush.
+constexpr int64_t kCloseFlushMs = 2000;
+
 Transport::~Transport() {
-  close_endpoints(true, 0);
+  // Flushed, not forced: what a peer still needs from this rank (the
+  // acknowledgement that completes its rendezvous send) leaves before the
+  // worker goes. Bounded, for a peer that stopped listening.
+  close_endpoints(false, kCloseFlushMs);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
-  if (context_ != nullptr) ucp_cleanup(context_);
 }
 
 void Transport::set_peers(std::vector<std::vector<uint8_t>> addresses) {
@@ -122,7 +174,10 @@ Status Transport::post_send(int peer, uint64_t tag, const void* data, size_t byt
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = on_send_done;
   param.user_data = request;
-  return track(ucp_tag_send_nbx(ep, data, bytes, tag, &param), request, "tag send");
+  Status posted = track(ucp_tag_send_nbx(ep, data, bytes, tag, &param), request, "tag send");
+  if (posted.ok()) return posted;
+  return Error(posted.code(), "%s (sending %zu bytes to rank %d)", posted.message().c_str(), bytes,
+               peer);
 }
 
 Status Transport::post_recv(uint64_t tag, void* data, size_t bytes, Request* request) {

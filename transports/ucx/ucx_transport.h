@@ -1,4 +1,4 @@
-// UCX host transport: one ucp context and worker per communicator, tagged
+// UCX host transport: a worker per communicator (one ucp context per process), tagged
 // send/receive to any peer (shared memory, CMA or TCP as UCX chooses), and a
 // worker event fd so waits can sleep instead of spinning. It moves bytes and
 // knows nothing of collectives: tags are the caller's.
@@ -64,7 +64,7 @@ class Transport {
   Transport() = default;
   Status endpoint(int peer, ucp_ep_h* out);
 
-  ucp_context_h context_ = nullptr;
+  std::shared_ptr<ucp_context> context_;  // shared by the process's transports
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
   std::vector<uint8_t> address_;

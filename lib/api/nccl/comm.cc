@@ -261,42 +261,63 @@ ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
 }
 WEFT_NCCL_ALIAS(ncclCommInitAll)
 
-ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                            ncclConfig_t* config) {
+namespace {
+// Split and shrink: a child made from `parent` by `make` at the end of the
+// init job (NCCL's non-blocking semantics), or none when `joins` is false.
+ncclResult_t derive(const char* caller, ncclComm_t comm, ncclComm_t* newcomm, ncclConfig_t* config,
+                    bool joins,
+                    std::function<weftResult_t(CommState* from, weftConfig_t*, weftComm_t*)> make) {
   std::shared_ptr<CommState> parent;
-  if (ncclResult_t r = resolve(comm, __func__, &parent); r != ncclSuccess) return r;
-  if (newcomm == nullptr) return record(ncclInvalidArgument, __func__, "newcomm is NULL");
+  if (ncclResult_t r = resolve(comm, caller, &parent); r != ncclSuccess) return r;
+  if (newcomm == nullptr) return record(ncclInvalidArgument, caller, "newcomm is NULL");
   *newcomm = nullptr;
-  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
-    return record(ncclInvalidArgument, __func__, "color %d is negative and not NCCL_SPLIT_NOCOLOR",
-                  color);
   CommOptions options;
   options.blocking = parent->blocking;  // a NULL config inherits the parent's
-  if (ncclResult_t r = read_config(config, __func__, &options); r != ncclSuccess) return r;
+  if (ncclResult_t r = read_config(config, caller, &options); r != ncclSuccess) return r;
   std::shared_ptr<CommState> child;
-  if (color != NCCL_SPLIT_NOCOLOR) {
+  if (joins) {
     child = new_state(options);
     *newcomm = make_handle(child);
   }
   CommState* owner = child ? child.get() : parent.get();
   CommState* from = parent.get();
   InitJob job{child, parent,
-              [owner, from, color, key](weftComm_t* out) {
+              [owner, from, make = std::move(make)](weftComm_t* out) {
                 weftConfig_t weft = weft_config(*owner);
-                return weftCommSplit(from->weft, color, key, out, &weft);
+                return make(from, &weft, out);
               },
-              __func__};
+              caller};
   return submit_init(std::move(job));
+}
+}  // namespace
+
+ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                            ncclConfig_t* config) {
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return record(ncclInvalidArgument, __func__, "color %d is negative and not NCCL_SPLIT_NOCOLOR",
+                  color);
+  return derive(__func__, comm, newcomm, config, color != NCCL_SPLIT_NOCOLOR,
+                [color, key](CommState* from, weftConfig_t* weft, weftComm_t* out) {
+                  return weftCommSplit(from->weft, color, key, out, weft);
+                });
 }
 WEFT_NCCL_ALIAS(ncclCommSplit)
 
-ncclResult_t pncclCommShrink(ncclComm_t comm, int*, int, ncclComm_t* newcomm, ncclConfig_t*, int) {
-  std::shared_ptr<CommState> state;
-  if (ncclResult_t r = resolve(comm, __func__, &state); r != ncclSuccess) return r;
-  if (newcomm != nullptr) *newcomm = nullptr;
-  return record(ncclInvalidUsage, __func__,
-                "Weft cannot shrink a communicator yet (its reliability layer has no rank "
-                "exclusion); make a new one over the surviving ranks with ncclCommInitRank");
+// NCCL's flags have Weft's values; the list is copied, since the call may end after this returns.
+ncclResult_t pncclCommShrink(ncclComm_t comm, int* exclude_ranks, int exclude_count,
+                             ncclComm_t* newcomm, ncclConfig_t* config, int shrink_flags) {
+  static_assert(NCCL_SHRINK_DEFAULT == WEFT_SHRINK_DEFAULT &&
+                NCCL_SHRINK_ABORT == WEFT_SHRINK_ABORT);
+  if (exclude_count < 0 || (exclude_count > 0 && exclude_ranks == nullptr))
+    return record(ncclInvalidArgument, __func__,
+                  "excludeRanksList is NULL or excludeRanksCount %d negative", exclude_count);
+  std::vector<int> excluded(exclude_ranks, exclude_ranks + exclude_count);
+  return derive(__func__, comm, newcomm, config, true,
+                [excluded = std::move(excluded), shrink_flags](CommState* from, weftConfig_t* weft,
+                                                               weftComm_t* out) {
+                  return weftCommShrink(from->weft, excluded.data(),
+                                        static_cast<int>(excluded.size()), out, weft, shrink_flags);
+                });
 }
 WEFT_NCCL_ALIAS(ncclCommShrink)
 

@@ -212,22 +212,9 @@ ncclResult_t defer_init(InitJob job) {
 }
 
 size_t dtype_bytes(ncclDataType_t dtype) {
-  switch (dtype) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    default:
-      return 8;
-  }
+  size_t size = 0;  // stays 0 for a datatype Weft does not know
+  weftDataTypeSize(static_cast<weftDataType_t>(dtype), &size);
+  return size;
 }
 
 ncclResult_t submit_call(ncclComm_t handle, Call call) {

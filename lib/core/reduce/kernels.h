@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/reduce/integer_divide.h"
 #include "core/reduce/kernel_table.h"
 
 #define WEFT_REDUCE_PRAGMA_STRING(x) #x
@@ -36,22 +37,6 @@ WEFT_REDUCE_PRAGMA(GCC target(WEFT_REDUCE_TARGET))
 
 namespace weft::reduce {
 namespace {
-
-// Truncating division of the exact values (a signed x by an unsigned d).
-template <class T>
-inline T divide_int(T x, uint64_t d) {
-  if (d == 0) return 0;
-  if constexpr (std::is_unsigned_v<T>) {
-    return static_cast<T>(x / d);
-  } else {
-    // Past INT64_MAX only INT64_MIN / 2^63 is not 0.
-    if (d > static_cast<uint64_t>(INT64_MAX)) {
-      return static_cast<T>(static_cast<int64_t>(x) == INT64_MIN && d == (uint64_t{1} << 63) ? -1
-                                                                                             : 0);
-    }
-    return static_cast<T>(static_cast<int64_t>(x) / static_cast<int64_t>(d));
-  }
-}
 
 template <class T>
 using WrappingLane = typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>,

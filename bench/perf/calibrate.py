@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Calibrates the cost model on this machine and checks it.
+
+  calibrate.py measure BUILD [-o FILE] [--repeats R]
+      measures the model's inputs with weft-perf and writes them as a
+      WEFT_TUNER_FILE (lib/core/calibration.h): per-call overhead and copy
+      throughput (1 rank), UCX latency and bandwidth (2-rank sendrecv), the
+      direct path's synchronisation and throughput (2-rank one-shot
+      AllReduce), the cores and the slice latency of oversubscribed ranks
+      (sendrecv on twice as many ranks as cores).
+  calibrate.py table BUILD [--tuner-file FILE] [--ranks 1,2,4,8] [--repeats R]
+      prints measured/predicted (weft-perf's own "predicted" figure) for
+      AllReduce, AllGather, ReduceScatter, Broadcast and AllToAll at every
+      size weft-perf prints (8 B to 16 MiB, x8) and rank count.
+
+measure takes the fastest of R runs for each figure, table the
+median and range; the load average is printed, since the development
+machine is shared (docs/tuning.md)."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+COLLECTIVES = ["allreduce", "allgather", "reducescatter", "broadcast", "alltoall"]
+
+
+def perf(build, nranks, coll, lo, hi, factor, env=None, iters=10):
+    """One weft-perf run: {size: (time_us, algorithm, predicted_us)}."""
+    cmd = [os.path.join(build, "tools/weftrun/weftrun"), "-n", str(nranks), "--no-prefix",
+           "--timeout", "300", os.path.join(build, "bench/perf/weft-perf"), coll,
+           "-b", str(lo), "-e", str(hi), "-f", str(factor), "-n", str(iters), "-w", "3",
+           "-c", "0", "--json"]
+    full_env = dict(os.environ, **(env or {}))
+    done = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit("calibrate.py: %s failed (exit %d):\n%s" % (" ".join(cmd), done.returncode,
+                                                            done.stderr))
+    out = done.stdout
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            if row["count"] == 0:
+                continue  # nothing moves (split collectives below n*16 bytes)
+            rows[row["size_bytes"]] = (row["out_of_place"]["time_us"], row.get("algorithm", ""),
+                                       row.get("predicted_us", -1))
+    return rows
+
+
+def fastest(runs):
+    """Per size, the fastest time over runs (and the last run's other
+    fields). The machine's own costs are what the least disturbed run shows:
+    other processes only ever add time (a rank waiting a whole time slice for
+    a descheduled peer), and on a loaded machine most runs of a large size
+    are hit somewhere."""
+    return {size: (min(r[size][0] for r in runs),) + runs[-1][size][1:] for size in runs[0]}
+
+
+def bandwidth(points, bytes_per_size, what):
+    """GB/s from the median slope between every pair of (size, time) points
+    (Theil-Sen: one descheduled run does not move it); None when the times
+    do not grow with the size (too noisy to say)."""
+    slopes = [(t2 - t1) / (s2 - s1) for i, (s1, t1) in enumerate(points)
+              for s2, t2 in points[i + 1:] if s2 != s1]
+    slope = statistics.median(slopes)
+    if slope <= 0:
+        print("# %s: times do not grow with size; keeping the default" % what, file=sys.stderr)
+        return None
+    return bytes_per_size / slope / 1e3
+
+
+def load():
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+def measure(args):
+    r = args.repeats
+    run = lambda *a, **k: fastest([perf(args.build, *a, **k) for _ in range(r)])
+    memory_overhead = 0.2  # per Reduce/Copy step: not separable from the call here
+    print("# " + load(), file=sys.stderr)
+    # One rank: an AllReduce is one call plus one copy.
+    one = run(1, "allreduce", 8, 4 << 20, 2)
+    call = max(0.0, one[8][0] - memory_overhead)
+    memory_bw = bandwidth([(s, v[0]) for s, v in one.items() if s >= 64 << 10], 1, "copy")
+    # Two ranks, UCX: one message each way per call.
+    sr = run(2, "sendrecv", 8, 4 << 20, 2)
+    small = [v[0] for s, v in sr.items() if s <= 4096]
+    link_latency = max(0.05, statistics.median(small) - call)
+    link_bw = bandwidth([(s, v[0]) for s, v in sr.items() if s >= 64 << 10], 1, "UCX")
+    # Two ranks, direct one-shot: staging copy, one synchronisation, one read.
+    direct = run(2, "allreduce", 8, 4 << 20, 2, env={"WEFT_ALGO": "allreduce:oneshot"})
+    direct_latency = max(0.05, direct[8][0] - memory_overhead)
+    direct_bw = bandwidth([(s, v[0]) for s, v in direct.items() if s >= 64 << 10], 2, "direct")
+    # Twice as many ranks as cores: every rank gets half the time; what a
+    # message costs beyond that is the wait for the receiver's time slice.
+    cores = os.cpu_count() or 1
+    share = 2.0
+    over = run(2 * cores, "sendrecv", 8, 4096, 8)
+    slices = [(v[0] - share * (call + s / ((link_bw or 6) * 1e3)) - link_latency) / (share - 1)
+              for s, v in over.items()]
+    slice_latency = max(0.0, statistics.median(slices))
+    print("# " + load(), file=sys.stderr)
+    text = ("# weft cost-model calibration (bench/perf/calibrate.py measure, %d repeats)\n"
+            "# %s\n" % (r, load()))
+    for key, value in [("call_us", call), ("memory_overhead_us", memory_overhead),
+                       ("memory_bandwidth_gb_s", memory_bw), ("link_latency_us", link_latency),
+                       ("link_bandwidth_gb_s", link_bw), ("direct_latency_us", direct_latency),
+                       ("direct_bandwidth_gb_s", direct_bw), ("cores", cores),
+                       ("slice_latency_us", slice_latency)]:
+        if value is not None:  # None: not measurable now, the default stays
+            text += "%s %.4g\n" % (key, value)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    sys.stdout.write(text)
+
+
+def table(args):
+    env = {"WEFT_TUNER_FILE": os.path.abspath(args.tuner_file)} if args.tuner_file else {}
+    ranks = [int(n) for n in args.ranks.split(",")]
+    print("# " + load())
+    results = {}  # (coll, size) -> {nranks: (ratio, lo, hi, algorithm)}
+    for n in ranks:
+        for coll in COLLECTIVES:
+            runs = [perf(args.build, n, coll, 8, 16 << 20, 8, env) for _ in range(args.repeats)]
+            for size in runs[0]:
+                predicted = runs[-1][size][2]
+                if predicted is None or predicted <= 0.01:
+                    continue  # empty calls (count 0)
+                ratios = [run[size][0] / predicted for run in runs]
+                results.setdefault((coll, size), {})[n] = (
+                    statistics.median(ratios), min(ratios), max(ratios), runs[-1][size][1])
+    print("# " + load())
+    print("%-13s %9s" % ("collective", "bytes") +
+          "".join(" %22s" % ("%d ranks" % n) for n in ranks))
+    worst = []
+    for (coll, size), by_n in results.items():
+        cells = ""
+        for n in ranks:
+            if n in by_n:
+                med, lo, hi, algo = by_n[n]
+                cells += " %5.2f [%4.2f-%5.2f] %-4s" % (med, lo, hi, algo[:4])
+                worst.append(med)
+            else:
+                cells += " %22s" % "-"
+        print("%-13s %9d%s" % (coll, size, cells))
+    inside = sum(1 for m in worst if 0.5 <= m <= 2)
+    print("# measured/predicted medians: %.2f to %.2f; %d of %d within 0.5-2x" %
+          (min(worst), max(worst), inside, len(worst)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("build")
+    m.add_argument("-o", "--output")
+    m.add_argument("--repeats", type=int, default=5)
+    t = sub.add_parser("table")
+    t.add_argument("build")
+    t.add_argument("--tuner-file")
+    t.add_argument("--ranks", default="1,2,4,8")
+    t.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    measure(args) if args.command == "measure" else table(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+#include "core/bootstrap_protocol.h"
+
+#include <cstring>
+
+#include "core/wire.h"
+
+namespace weft {
+
+Status check_frame_header(const FrameHeader& header, uint64_t max_payload) {
+  if (header.magic != kFrameMagic)
+    return Error(weftRemoteError, "bootstrap message with a bad magic 0x%08x", header.magic);
+  if (header.length > max_payload)
+    return Error(weftRemoteError, "bootstrap message of %llu bytes exceeds the limit of %llu",
+                 static_cast<unsigned long long>(header.length),
+                 static_cast<unsigned long long>(max_payload));
+  return Status::Ok();
+}
+
+void FrameReader::append(const uint8_t* data, size_t size) {
+  // Frames already returned are dropped here, in one move, rather than one erase per frame.
+  if (consumed_ > 0) {
+    input_.erase(input_.begin(), input_.begin() + static_cast<ptrdiff_t>(consumed_));
+    consumed_ = 0;
+  }
+  input_.insert(input_.end(), data, data + size);
+}
+
+FrameReader::Next FrameReader::next(uint64_t max_payload, uint32_t* type, Blob* payload) {
+  if (buffered() < sizeof(FrameHeader)) return Next::kIncomplete;
+  FrameHeader header;
+  memcpy(&header, input_.data() + consumed_, sizeof(header));
+  if (!check_frame_header(header, max_payload).ok()) return Next::kInvalid;
+  if (buffered() - sizeof(header) < header.length) return Next::kIncomplete;
+  const uint8_t* begin = input_.data() + consumed_ + sizeof(header);
+  *type = header.type;
+  payload->assign(begin, begin + header.length);
+  consumed_ += sizeof(header) + header.length;
+  return Next::kFrame;
+}
+
+namespace {
+
+void put_ranks(WireWriter* writer, const std::vector<int32_t>& ranks) {
+  writer->put(static_cast<uint32_t>(ranks.size()));
+  for (int32_t rank : ranks) writer->put(rank);
+}
+
+// A count (at most nranks) and that many ranks. The count is checked against the bytes left
+// before anything is allocated: a few bytes must not make the root reserve 4 * nranks.
+bool get_ranks(WireReader* reader, int nranks, std::vector<int32_t>* ranks) {
+  uint32_t count = 0;
+  if (!reader->get(&count) || nranks < 0 || count > static_cast<uint32_t>(nranks) ||
+      count > reader->left() / sizeof(int32_t))
+    return false;
+  ranks->resize(count);
+  for (int32_t& rank : *ranks)
+    if (!reader->get(&rank)) return false;
+  return true;
+}
+
+}  // namespace
+
+Blob encode_hello(const Hello& hello) {
+  WireWriter writer;
+  writer.put(hello.version);
+  for (uint8_t byte : hello.secret) writer.put(byte);
+  writer.put(hello.rank);
+  writer.put(hello.nranks);
+  writer.put_string(hello.label);
+  writer.put_blob(hello.info);
+  return std::move(writer.data());
+}
+
+bool decode_hello(const Blob& payload, Hello* out) {
+  WireReader reader(payload);
+  if (!reader.get(&out->version)) return false;
+  for (uint8_t& byte : out->secret)
+    if (!reader.get(&byte)) return false;
+  return reader.get(&out->rank) && reader.get(&out->nranks) && reader.get_string(&out->label) &&
+         reader.get_blob(&out->info);
+}
+
+Blob encode_allgather(const AllGatherPart& part) {
+  WireWriter writer;
+  writer.put(part.sequence);
+  writer.put_blob(part.part);
+  writer.put(part.timeout_ms);
+  return std::move(writer.data());
+}
+
+bool decode_allgather(const Blob& payload, AllGatherPart* out) {
+  WireReader reader(payload);
+  // The timeout becomes a deadline: out of range, it would overflow the clock's arithmetic.
+  return reader.get(&out->sequence) && reader.get_blob(&out->part) &&
+         reader.get(&out->timeout_ms) && out->timeout_ms >= 1 && out->timeout_ms <= kMaxWaitMs;
+}
+
+Blob encode_failure_report(const FailureReport& report) {
+  WireWriter writer;
+  writer.put_string(report.message);
+  put_ranks(&writer, report.waited);
+  return std::move(writer.data());
+}
+
+bool decode_failure_report(const Blob& payload, int nranks, FailureReport* out) {
+  WireReader reader(payload);
+  return reader.get_string(&out->message) && get_ranks(&reader, nranks, &out->waited);
+}
+
+Blob encode_shrink_request(const ShrinkRequest& request) {
+  WireWriter writer;
+  writer.put(request.sequence);
+  put_ranks(&writer, request.excluded);
+  writer.put_blob(request.part);
+  return std::move(writer.data());
+}
+
+bool decode_shrink_request(const Blob& payload, int nranks, ShrinkRequest* out) {
+  WireReader reader(payload);
+  if (!reader.get(&out->sequence) || !get_ranks(&reader, nranks, &out->excluded)) return false;
+  for (int32_t rank : out->excluded)
+    if (rank < 0 || rank >= nranks) return false;
+  return reader.get_blob(&out->part);
+}
+
+}  // namespace weft

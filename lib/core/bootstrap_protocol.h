@@ -1,0 +1,108 @@
+// The bootstrap's wire protocol as pure functions over bytes: frames cut from
+// a connection's byte stream, and the messages the root receives from ranks.
+// Apart from sockets and threads, so that the parsing of what anyone on the
+// network may send is fuzzed on its own (tests/fuzz) and its bounds live here.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace weft {
+
+using Secret = std::array<uint8_t, 16>;
+using Blob = std::vector<uint8_t>;
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Framed messages: a 16-byte header (magic, type, payload length) + payload.
+inline constexpr uint32_t kFrameMagic = 0x57465442;  // "WFTB"
+inline constexpr uint64_t kMaxFramePayload = 64ull << 20;
+// Before a connection has proven it knows the secret it may send this much.
+inline constexpr uint64_t kMaxHelloPayload = 64 << 10;
+
+struct FrameHeader {
+  uint32_t magic;
+  uint32_t type;
+  uint64_t length;
+};
+static_assert(sizeof(FrameHeader) == 16);
+
+// A bad magic or a payload above max_payload: the stream cannot be trusted further.
+Status check_frame_header(const FrameHeader& header, uint64_t max_payload);
+
+enum MessageType : uint32_t {
+  kHello = 1,            // rank -> root: version, secret, rank, nranks, info
+  kTable = 2,            // root -> rank: every rank's info
+  kAllGather = 3,        // rank -> root: sequence number, contribution
+  kAllGatherResult = 4,  // root -> rank: every contribution
+  kGoodbye = 5,          // rank -> root: leaving on purpose, with what it had launched
+  kAborting = 6,         // rank -> root: this rank aborts its communicator
+  kPeerFailed = 7,       // root -> rank: another rank died or aborted
+  kRootError = 8,        // root -> rank: the root gives up (e.g. join deadline)
+  kPeerLeft = 9,         // root -> rank: another rank left on purpose, and its goodbye
+  kFailed = 10,          // rank -> root: this rank's communicator timed out or was revoked, and why
+  kShrink = 11,          // rank -> root: sequence number, excluded ranks, contribution
+  kShrinkResult = 12,    // root -> rank: sequence number, error ("" if none), survivors' parts
+};
+
+// Cuts one connection's bytes, as they arrive in any pieces, into whole frames.
+class FrameReader {
+ public:
+  enum class Next { kFrame, kIncomplete, kInvalid };
+
+  void append(const uint8_t* data, size_t size);
+  // The next whole frame, if it has arrived; kInvalid once a header fails check_frame_header.
+  Next next(uint64_t max_payload, uint32_t* type, Blob* payload);
+  size_t buffered() const { return input_.size() - consumed_; }
+
+ private:
+  std::vector<uint8_t> input_;
+  size_t consumed_ = 0;  // bytes of input_ already returned as frames
+};
+
+// The messages a rank sends the root. Every decode checks the bytes left and
+// returns false on a truncated payload (trailing bytes are ignored).
+struct Hello {
+  uint32_t version = kProtocolVersion;
+  Secret secret{};
+  int32_t rank = -1;
+  int32_t nranks = -1;
+  std::string label;  // "host:pid"
+  Blob info;
+};
+Blob encode_hello(const Hello& hello);
+bool decode_hello(const Blob& payload, Hello* out);
+
+struct AllGatherPart {
+  uint64_t sequence = 0;
+  Blob part;
+  int64_t timeout_ms = 0;  // the contributor's, in [1, kMaxWaitMs]
+};
+// Longer than any wait a rank asks for (remaining_ms caps them at 2^30 ms).
+inline constexpr int64_t kMaxWaitMs = int64_t{1} << 31;
+Blob encode_allgather(const AllGatherPart& part);
+bool decode_allgather(const Blob& payload, AllGatherPart* out);
+
+// kFailed: why this rank's communicator failed, and whom it waited for (at most nranks).
+struct FailureReport {
+  std::string message;
+  std::vector<int32_t> waited;
+};
+Blob encode_failure_report(const FailureReport& report);
+bool decode_failure_report(const Blob& payload, int nranks, FailureReport* out);
+
+// kShrink: excluded ranks (at most nranks, each in [0, nranks)) and the contribution.
+struct ShrinkRequest {
+  uint64_t sequence = 0;
+  std::vector<int32_t> excluded;
+  Blob part;
+};
+Blob encode_shrink_request(const ShrinkRequest& request);
+bool decode_shrink_request(const Blob& payload, int nranks, ShrinkRequest* out);
+
+}  // namespace weft

@@ -1,0 +1,98 @@
+#include "core/calibration.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/env.h"
+
+namespace weft {
+
+namespace {
+
+// Where each of the file's numeric keys goes (`cores` aside); *zero_ok
+// when 0 is a meaningful value (a cost that is absent), not a division by 0.
+double* field_of(Calibration* c, std::string_view key, bool* zero_ok) {
+  *zero_ok = false;
+  if (key == "call_us") return *zero_ok = true, &c->call_us;
+  if (key == "link_latency_us") return *zero_ok = true, &c->link.latency_us;
+  if (key == "link_bandwidth_gb_s") return &c->link.bandwidth_gb_s;
+  if (key == "memory_overhead_us") return *zero_ok = true, &c->memory.latency_us;
+  if (key == "memory_bandwidth_gb_s") return &c->memory.bandwidth_gb_s;
+  if (key == "direct_latency_us") return *zero_ok = true, &c->direct.latency_us;
+  if (key == "direct_bandwidth_gb_s") return &c->direct.bandwidth_gb_s;
+  if (key == "slice_latency_us") return *zero_ok = true, &c->slice_latency_us;
+  return nullptr;
+}
+
+constexpr const char* kKeys =
+    "call_us, link_latency_us, link_bandwidth_gb_s, memory_overhead_us, memory_bandwidth_gb_s, "
+    "direct_latency_us, direct_bandwidth_gb_s, cores, slice_latency_us";
+
+}  // namespace
+
+double Calibration::share(int ranks_per_node, int cores) {
+  return cores > 0 && ranks_per_node > cores ? static_cast<double>(ranks_per_node) / cores : 1.0;
+}
+
+algo::LinkTime Calibration::sliced(algo::LinkTime time, double share) const {
+  if (share <= 1) return time;
+  return {time.latency_us + slice_latency_us * (share - 1), time.bandwidth_gb_s / share};
+}
+
+Status parse_calibration(std::string_view text, const std::string& source, Calibration* out) {
+  int line_number = 0;
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    std::string_view line = text.substr(0, end);
+    text.remove_prefix(std::min(end + 1, text.size()));
+    ++line_number;
+    line = line.substr(0, std::min(line.find('#'), line.size()));
+    std::istringstream words{std::string(line)};
+    std::string key, value, extra;
+    if (!(words >> key)) continue;  // blank or comment
+    if (!(words >> value) || (words >> extra))
+      return Error(weftInvalidArgument, "%s line %d: expected 'key value', got '%.*s'",
+                   source.c_str(), line_number, static_cast<int>(line.size()), line.data());
+    double number = 0;
+    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
+    if (ec != std::errc() || ptr != value.data() + value.size() || !(number >= 0) || number > 1e9)
+      return Error(weftInvalidArgument, "%s line %d: %s: '%s' is not a number in [0, 1e9]",
+                   source.c_str(), line_number, key.c_str(), value.c_str());
+    if (key == "cores") {
+      if (number != static_cast<int>(number))
+        return Error(weftInvalidArgument, "%s line %d: cores: '%s' is not a whole number",
+                     source.c_str(), line_number, value.c_str());
+      out->cores = static_cast<int>(number);
+      continue;
+    }
+    bool zero_ok;
+    double* field = field_of(out, key, &zero_ok);
+    if (field == nullptr)
+      return Error(weftInvalidArgument, "%s line %d: unknown key '%s' (valid: %s)", source.c_str(),
+                   line_number, key.c_str(), kKeys);
+    if (number == 0 && !zero_ok)
+      return Error(weftInvalidArgument, "%s line %d: %s must be positive", source.c_str(),
+                   line_number, key.c_str());
+    *field = number;
+  }
+  return Status::Ok();
+}
+
+Status load_calibration(Calibration* out) {
+  *out = Calibration();
+  const std::optional<std::string> path = env_string("WEFT_TUNER_FILE");
+  if (!path) return Status::Ok();
+  std::ifstream file(*path);
+  if (!file)
+    return Error(weftInvalidArgument, "WEFT_TUNER_FILE: cannot read '%s': %s", path->c_str(),
+                 std::strerror(errno));
+  std::ostringstream text;
+  text << file.rdbuf();
+  return parse_calibration(text.str(), "WEFT_TUNER_FILE " + *path, out);
+}
+
+}  // namespace weft

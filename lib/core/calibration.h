@@ -1,0 +1,57 @@
+// The cost model's machine inputs: what one call, one message, one copy or
+// reduction and one synchronisation through shared memory cost on this
+// machine, and how ranks that outnumber the cores slow each other. Defaults
+// are the development machine's figures; WEFT_TUNER_FILE names a file
+// written by bench/perf/calibrate.py (docs/tuning.md, "Calibration") that
+// replaces any of them:
+//   # comment
+//   call_us 1.1
+//   link_latency_us 0.9
+//   link_bandwidth_gb_s 6.5
+//   ...
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "algorithms/cost_model.h"
+#include "common/status.h"
+#include "topo/cluster.h"
+
+namespace weft {
+
+struct Calibration {
+  // Host-side cost of one scheduled call (API entry, tuner lookup, job set-up),
+  // added to every prediction of a message-based algorithm.
+  double call_us = 0;
+  // Ranks of one node over UCX (every intra-node link class unless a topology
+  // file gives costs).
+  topo::LinkCost link{6.0, 1.0};
+  // Reduce and Copy steps on one core: per-step overhead, throughput.
+  algo::LinkTime memory{0.2, 12.0};
+  // Direct algorithms: one synchronisation, staging throughput.
+  algo::LinkTime direct{0.15, 25};
+  // Cores the ranks of one node share; 0: the processors online.
+  int cores = 0;
+  // Oversubscribed (ranks per node > cores): the ranks time-share the cores,
+  // so every throughput divides by s = ranks / cores, and each message and
+  // synchronisation waits for its receiver's next time slice, about
+  // slice_latency_us * (s - 1) more.
+  double slice_latency_us = 0;
+
+  // s for `ranks_per_node` ranks on `cores` cores (at least 1).
+  static double share(int ranks_per_node, int cores);
+  // A link or local-memory cost seen by time-sliced ranks.
+  algo::LinkTime sliced(algo::LinkTime time, double share) const;
+};
+
+// Parses the calibration file format above into *out (keys not given keep
+// their value). Unknown keys, missing or non-positive numbers are errors
+// naming the source and line.
+Status parse_calibration(std::string_view text, const std::string& source, Calibration* out);
+
+// The defaults, replaced by WEFT_TUNER_FILE's values when it is set; a file
+// that cannot be read or parsed is an error naming it.
+Status load_calibration(Calibration* out);
+
+}  // namespace weft

@@ -1,0 +1,165 @@
+// The cost model's machine inputs come from WEFT_TUNER_FILE when it is set:
+// a value changed in the file changes the predictions by exactly what the
+// model's arithmetic says (no timing involved).
+#include "core/calibration.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "core/tuner.h"
+
+namespace weft {
+namespace {
+
+using algo::Algorithm;
+using algo::Collective;
+
+// `nranks` ranks of one discovered (not injected) node.
+CommTopology one_node(int nranks) {
+  CommTopology topology;
+  for (int r = 0; r < nranks; ++r) topology.places.push_back(topo::RankPlace{42, 0, 0, -1});
+  return topology;
+}
+
+// Writes `text` to a file that WEFT_TUNER_FILE names while the object lives.
+class TunerFile {
+ public:
+  explicit TunerFile(const std::string& text) {
+    char name[] = "/tmp/weft-tuner-XXXXXX";
+    const int fd = mkstemp(name);
+    EXPECT_GE(fd, 0);
+    path_ = name;
+    EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    close(fd);
+    setenv("WEFT_TUNER_FILE", path_.c_str(), 1);
+  }
+  ~TunerFile() {
+    unsetenv("WEFT_TUNER_FILE");
+    std::remove(path_.c_str());
+  }
+
+ private:
+  std::string path_;
+};
+
+// The prediction on `nranks` ranks of one node with WEFT_TUNER_FILE = `text`.
+double predict_with(const std::string& text, int nranks, Algorithm algorithm, uint64_t bytes,
+                    bool shared_memory = false) {
+  TunerFile file(text);
+  Calibration machine;
+  const Status status = load_calibration(&machine);
+  EXPECT_TRUE(status.ok()) << status.message();
+  const Tuner tuner(tune_context(one_node(nranks), shared_memory, AlgorithmOverrides(), machine));
+  return tuner.predict_us(Collective::AllReduce, algorithm, 0, bytes);
+}
+
+TEST(Calibration, ParsesEveryKey) {
+  Calibration c;
+  ASSERT_TRUE(parse_calibration("# weft calibration\n"
+                                "call_us 1.5\nlink_latency_us 0.75   # UCX\n"
+                                "link_bandwidth_gb_s 7\nmemory_overhead_us 0.1\n"
+                                "memory_bandwidth_gb_s 9\ndirect_latency_us 0.3\n"
+                                "direct_bandwidth_gb_s 11\n\ncores 3\nslice_latency_us 40\n",
+                                "test", &c)
+                  .ok());
+  EXPECT_EQ(c.call_us, 1.5);
+  EXPECT_EQ(c.link.latency_us, 0.75);
+  EXPECT_EQ(c.link.bandwidth_gb_s, 7);
+  EXPECT_EQ(c.memory.latency_us, 0.1);
+  EXPECT_EQ(c.memory.bandwidth_gb_s, 9);
+  EXPECT_EQ(c.direct.latency_us, 0.3);
+  EXPECT_EQ(c.direct.bandwidth_gb_s, 11);
+  EXPECT_EQ(c.cores, 3);
+  EXPECT_EQ(c.slice_latency_us, 40);
+}
+
+TEST(Calibration, BadFilesNameTheLineAndKey) {
+  const auto error = [](const char* text) {
+    Calibration c;
+    const Status status = parse_calibration(text, "f.txt", &c);
+    EXPECT_FALSE(status.ok()) << text;
+    return status.message();
+  };
+  EXPECT_NE(error("call_us 1\nbogus 2\n").find("f.txt line 2: unknown key 'bogus'"),
+            std::string::npos);
+  EXPECT_NE(error("link_bandwidth_gb_s 0\n").find("link_bandwidth_gb_s must be positive"),
+            std::string::npos);
+  EXPECT_NE(error("call_us fast\n").find("call_us: 'fast' is not a number"), std::string::npos);
+  EXPECT_NE(error("call_us -1\n").find("call_us: '-1'"), std::string::npos);
+  EXPECT_NE(error("cores 2.5\n").find("cores: '2.5' is not a whole number"), std::string::npos);
+  EXPECT_NE(error("call_us\n").find("expected 'key value'"), std::string::npos);
+  EXPECT_NE(error("call_us 1 2\n").find("expected 'key value'"), std::string::npos);
+
+  setenv("WEFT_TUNER_FILE", "/nonexistent/weft-tuner", 1);
+  Calibration c;
+  const Status status = load_calibration(&c);
+  unsetenv("WEFT_TUNER_FILE");
+  EXPECT_EQ(status.code(), weftInvalidArgument);
+  EXPECT_NE(status.message().find("/nonexistent/weft-tuner"), std::string::npos);
+}
+
+TEST(Calibration, UnsetFileKeepsTheDefaults) {
+  unsetenv("WEFT_TUNER_FILE");
+  Calibration loaded;
+  loaded.call_us = 99;
+  ASSERT_TRUE(load_calibration(&loaded).ok());
+  const Calibration defaults;
+  EXPECT_EQ(loaded.call_us, defaults.call_us);
+  EXPECT_EQ(loaded.link, defaults.link);
+  EXPECT_EQ(loaded.memory.bandwidth_gb_s, defaults.memory.bandwidth_gb_s);
+}
+
+// Fixed figures, no oversubscription (cores >= ranks); each test changes one.
+const std::string kBase =
+    "cores 8\nlink_latency_us 1\nlink_bandwidth_gb_s 6\nmemory_overhead_us 0.2\n"
+    "memory_bandwidth_gb_s 12\ndirect_latency_us 0.15\ndirect_bandwidth_gb_s 25\n";
+
+TEST(Calibration, FileValuesReachThePredictions) {
+  const uint64_t bytes = 1 << 20;
+  const double base = predict_with(kBase, 4, Algorithm::Ring, bytes);
+  ASSERT_GT(base, 0);
+  // The call overhead is added once per call.
+  EXPECT_NEAR(predict_with(kBase + "call_us 5\n", 4, Algorithm::Ring, bytes), base + 5, 1e-9);
+  // Ring AllReduce: 2(n-1) messages one after the other, each paying α once.
+  EXPECT_NEAR(predict_with(kBase + "link_latency_us 3\n", 4, Algorithm::Ring, bytes),
+              base + 2 * 3 * 2.0, 1e-9);
+  // Each of those messages carries S/n bytes: at half the bandwidth each takes
+  // S/(n·β) longer.
+  EXPECT_NEAR(predict_with(kBase + "link_bandwidth_gb_s 3\n", 4, Algorithm::Ring, bytes),
+              base + 6 * (bytes / 4.0) / (6 * 1e3), 1e-6);
+  // Direct one-shot: staging copy + one synchronisation + reading n-1 peers.
+  const double direct = predict_with(kBase, 4, Algorithm::OneShot, bytes, true);
+  EXPECT_NEAR(predict_with(kBase + "direct_latency_us 2.15\n", 4, Algorithm::OneShot, bytes, true),
+              direct + 2, 1e-9);
+  EXPECT_NEAR(direct, 0.2 + bytes / 25e3 + 0.15 + 3 * bytes / 25e3, 1e-9);
+}
+
+TEST(Calibration, OversubscribedRanksTimeShareTheCores) {
+  const uint64_t bytes = 256 << 10;
+  // 4 ranks on 2 cores (s = 2) cost what 4 unshared ranks cost on a machine
+  // with half every throughput, the call overhead doubled and every latency
+  // raised by one slice latency.
+  const std::string shared =
+      "cores 2\ncall_us 1\nslice_latency_us 30\nlink_latency_us 1\nlink_bandwidth_gb_s 6\n"
+      "memory_overhead_us 0.2\nmemory_bandwidth_gb_s 12\n";
+  const std::string equivalent =
+      "cores 4\ncall_us 2\nslice_latency_us 30\nlink_latency_us 31\nlink_bandwidth_gb_s 3\n"
+      "memory_overhead_us 30.2\nmemory_bandwidth_gb_s 6\n";
+  for (Algorithm algorithm : {Algorithm::Ring, Algorithm::Rd, Algorithm::Rhd}) {
+    const double sliced = predict_with(shared, 4, algorithm, bytes);
+    EXPECT_NEAR(sliced, predict_with(equivalent, 4, algorithm, bytes), 1e-6)
+        << algo::algorithm_name(algorithm);
+    // Two ranks fit the two cores: no slicing.
+    EXPECT_LT(predict_with(shared, 2, algorithm, bytes) * 1.5, sliced);
+  }
+  // The slice latency is what makes small oversubscribed calls slow.
+  EXPECT_GT(predict_with(shared, 4, Algorithm::Rd, 8),
+            predict_with(shared + "slice_latency_us 0\n", 4, Algorithm::Rd, 8) + 2 * 30 - 1e-9);
+}
+
+}  // namespace
+}  // namespace weft

@@ -1,0 +1,104 @@
+// Communicator setup in a container's /dev/shm: 64 communicators of 8 ranks
+// alive at once in a private 64 MB tmpfs (Docker's default size), each
+// running the direct path exactly, and nothing left there afterwards.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "support/multirank.h"
+#include "weft/weft.h"
+
+namespace weft::testing {
+namespace {
+
+constexpr int kRanks = 8;
+constexpr int kComms = 64;
+constexpr size_t kCount = 2000;  // 16 KB of int64: several staging rounds when staging is small
+
+std::vector<std::string> shm_entries() {
+  std::vector<std::string> names;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return names;
+  while (dirent* entry = readdir(dir))
+    if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
+      names.push_back(entry->d_name);
+  closedir(dir);
+  return names;
+}
+
+uint64_t shm_used_bytes() {
+  struct statvfs fs {};
+  EXPECT_EQ(statvfs("/dev/shm", &fs), 0) << strerror(errno);
+  return static_cast<uint64_t>(fs.f_blocks - fs.f_bfree) * fs.f_frsize;
+}
+
+// This process (and the ranks it forks) gets a /dev/shm of its own, `bytes` large.
+// Returns "" or why not.
+std::string private_dev_shm(const char* size) {
+  if (unshare(CLONE_NEWNS) != 0)
+    return std::string("unshare(CLONE_NEWNS): ") + strerror(errno) + " (needs root)";
+  // Mounts made here must not propagate back to the host's namespace.
+  if (mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    return std::string("making / private: ") + strerror(errno);
+  std::string options = std::string("size=") + size + ",mode=1777";
+  if (mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) != 0)
+    return std::string("mounting a tmpfs on /dev/shm: ") + strerror(errno);
+  return "";
+}
+
+void expect_exact_allreduce(weftComm_t comm, int rank, int nranks, int salt) {
+  std::vector<int64_t> values(kCount);
+  for (size_t i = 0; i < kCount; ++i) values[i] = pattern_value(rank, i + salt);
+  ASSERT_EQ(weftAllReduce(values.data(), values.data(), kCount, weftInt64, weftSum, comm, nullptr),
+            weftSuccess)
+      << weftGetLastError(comm);
+  for (size_t i = 0; i < kCount; ++i) {
+    int64_t want = 0;
+    for (int q = 0; q < nranks; ++q) want += pattern_value(q, i + salt);
+    ASSERT_EQ(values[i], want) << "element " << i << ", salt " << salt;
+  }
+}
+
+TEST(ContainerDevShm, SixtyFourCommunicatorsOfEightRanksFitIn64MB) {
+  std::string why_not = private_dev_shm("64m");
+  if (!why_not.empty()) GTEST_SKIP() << "no private /dev/shm: " << why_not;
+  ASSERT_EQ(shm_entries(), std::vector<std::string>());
+  const uint64_t used_before = shm_used_bytes();
+  RunOptions options;
+  options.timeout_s = 240;
+  run_ranks(
+      kRanks,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        ASSERT_NE(world, nullptr);
+        // Forcing oneshot: a communicator left without shared memory would
+        // refuse it, so every one of them must have its direct path.
+        weftConfig_t config = WEFT_CONFIG_INITIALIZER;
+        config.algorithms = "allreduce:oneshot";
+        std::vector<weftComm_t> comms(kComms, nullptr);
+        for (int c = 0; c < kComms; ++c) {
+          ASSERT_EQ(weftCommSplit(world, 0, context.rank, &comms[c], &config), weftSuccess)
+              << "split " << c << ": " << weftGetLastError(world);
+          expect_exact_allreduce(comms[c], context.rank, context.nranks, c);
+        }
+        // All alive at once, and all still working.
+        for (int c = 0; c < kComms; ++c)
+          expect_exact_allreduce(comms[c], context.rank, context.nranks, kComms + c);
+        for (weftComm_t comm : comms) EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      options);
+  // Every segment was unlinked once attached, and its memory went with its processes.
+  EXPECT_EQ(shm_entries(), std::vector<std::string>());
+  EXPECT_EQ(shm_used_bytes(), used_before);
+}
+
+}  // namespace
+}  // namespace weft::testing
