@@ -333,8 +333,8 @@ TEST_P(AllToAllvMatrix, InconsistentCountsFailEveryRankNamingBoth) {
     if (me == 1) recv_counts[0] = 5;  // rank 0 sends pair_count(0, 1) = 3
     weftResult_t result;
     uint64_t sequence = 1;
+    std::vector<float> data(64, 1.0f);  // lives until the stream is synchronised below
     if (c.grouped) {
-      std::vector<float> data(64, 1.0f);
       weftGroupStart();
       weftResult_t first =
           weftAllReduce(data.data(), data.data(), data.size(), weftFloat32, weftSum, comm, stream);
