@@ -248,12 +248,18 @@ algo::Params Tuner::model_params(algo::Collective collective, uint64_t bytes) co
 
 double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
                          uint64_t chunk_bytes, uint64_t bytes) const {
+  return predict_us(collective, algorithm, chunk_bytes, bytes, network_);
+}
+
+double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
+                         uint64_t chunk_bytes, uint64_t bytes,
+                         const algo::CostNetwork& network) const {
   algo::Params params = model_params(collective, bytes);
   params.algorithm = algorithm;
   params.chunk = chunk_bytes;
   algo::CostResult result;
   std::string error;
-  if (!algo::predict(params, 1, network_, &result, &error)) return -1;
+  if (!algo::predict(params, 1, network, &result, &error)) return -1;
   // The host-side cost of a call, time-sliced like the rest of the rank's work.
   return result.time_us + (algo::is_direct(algorithm) ? 0 : context_.call_us * context_.share);
 }
@@ -376,8 +382,16 @@ double Tuner::last_predicted_us() const {
     last = this->last();
   }
   if (!last) return -1;
+  const double us = predict_us(last->collective, last->decision.algorithm,
+                               last->decision.chunk_bytes, last->bytes);
+  if (us >= 0 || last->decision.time_us < 0) return us;
+  // The decision was timed at its bucket's lowest size, the coarsest chunks within the step
+  // budget there; the call, up to twice that size, makes up to twice the steps with the same
+  // chunk (a 64 GiB ZeRO bucket over 128 ranks did): time it with the budget doubled.
+  algo::CostNetwork wider = network_;
+  wider.max_steps *= 2;
   return predict_us(last->collective, last->decision.algorithm, last->decision.chunk_bytes,
-                    last->bytes);
+                    last->bytes, wider);
 }
 
 }  // namespace weft

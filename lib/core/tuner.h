@@ -128,6 +128,8 @@ class Tuner {
     double time_us;
   };
   Decision decide(algo::Collective collective, uint64_t bytes) const;
+  double predict_us(algo::Collective collective, algo::Algorithm algorithm, uint64_t chunk_bytes,
+                    uint64_t bytes, const algo::CostNetwork& network) const;
   algo::Params model_params(algo::Collective collective, uint64_t bytes) const;
 
   TuneContext context_;

@@ -159,6 +159,28 @@ TEST(Tuner, LastPredictionIsAtTheExactSize) {
   EXPECT_STREQ(tuner.last_algorithm(), algo::algorithm_name(plan.algorithm));
 }
 
+// plan() decides a bucket at its lowest size with the coarsest chunks the step budget
+// allows there; a call up to twice that size is still timed (it was not: a 64 GiB ZeRO bucket
+// over 128 ranks had no prediction).
+TEST(Tuner, EverySizeOfADecidedBucketIsTimed) {
+  TuneContext context = cluster(2, 4, true, false);
+  context.max_model_steps = 4096;  // the budget large calls on many ranks meet, made small
+  Tuner tuner(context);
+  int timed = 0;
+  for (Collective collective :
+       {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
+    for (uint64_t bytes = 1 << 20; bytes <= (uint64_t{256} << 20); bytes = bytes * 5 / 4 + 1) {
+      const Plan plan = tuner.plan(collective, bytes, 1);
+      if (plan.predicted_us < 0) continue;  // the bucket itself had no timeable candidate
+      ++timed;
+      EXPECT_GT(tuner.last_predicted_us(), 0)
+          << algo::collective_name(collective) << " of " << bytes << " bytes, "
+          << algo::algorithm_name(plan.algorithm) << " chunk " << plan.chunk_elements;
+    }
+  }
+  EXPECT_GT(timed, 30);
+}
+
 TEST(Tuner, DecisionTableListsEveryBucket) {
   Tuner tuner(cluster(1, 4, false, true));
   const std::vector<std::string> table = tuner.decision_table(Collective::AllReduce, 1 << 20);
