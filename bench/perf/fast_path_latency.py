@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """8-byte latency of the collectives the blocking fast path serves, interleaved: Weft with
-the fast path, Weft without it (WEFT_FAST_PATH=0) and Open MPI (weft-peer-mpi), in turn,
+the fast path, Weft without it (WEFT_FAST_PATH=0), Weft without mismatch detection
+(WEFT_CHECK=off) and Open MPI (weft-peer-mpi), in turn,
 REPEATS times per (ranks, collective), with the load average before each round. Prints
 the median and range of weft-perf's out-of-place time column (wall clock over -n calls
 divided by -n, the same in both programs). ReduceScatter, AllGather and AllToAll take the
@@ -51,6 +52,9 @@ def main():
         "weft": lambda n, c: ([weftrun, "-n", str(n), "--no-prefix", perf, c, *flags(n, c)], {}),
         "weft, WEFT_FAST_PATH=0": lambda n, c: ([weftrun, "-n", str(n), "--no-prefix", perf, c, *flags(n, c)],
                                                 {"WEFT_FAST_PATH": "0"}),
+        # What mismatch detection (WEFT_CHECK=on, the default) costs: the same call unchecked.
+        "weft, WEFT_CHECK=off": lambda n, c: ([weftrun, "-n", str(n), "--no-prefix", perf, c, *flags(n, c)],
+                                              {"WEFT_CHECK": "off"}),
         "open mpi": lambda n, c: (["mpirun", "--oversubscribe", "--allow-run-as-root", "-np",
                                    str(n), mpi, c, *flags(n, c)], {}),
     }
