@@ -205,6 +205,15 @@ TEST(PipelineExecutor, ThreeStagesInterleaved) {
   run_chain(3, 1, {PipelineSchedule::one_f_one_b, 2, 1});  // fewer micro-batches than stages
 }
 
+// Eight stages, as a node's ranks would hold them: every schedule (interleaved needs
+// micro-batches in multiples of the stages).
+TEST(PipelineExecutor, EightStagesEverySchedule) {
+  run_chain(8, 1, {PipelineSchedule::gpipe, 4, 1});
+  run_chain(8, 1, {PipelineSchedule::one_f_one_b, 9, 1});
+  run_chain(8, 1, {PipelineSchedule::interleaved, 8, 2});
+  run_chain(8, 1, {PipelineSchedule::zero_bubble, 9, 1});
+}
+
 TEST(PipelineExecutor, PipelineTimesDataParallel) {
   run_chain(4, 2, {PipelineSchedule::one_f_one_b, 3, 1});
   run_chain(4, 2, {PipelineSchedule::zero_bubble, 4, 1});
