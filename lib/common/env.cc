@@ -30,7 +30,8 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_CHECK", "",
      "Mismatch detection between ranks on one node: off, on (unset: each collective's kind, "
      "count, datatype, op, root and AllToAllv's count matrix) or full (also a hash of each rank's "
-     "input, docs/reliability.md). Another value fails the communicator's init.",
+     "input, docs/reliability.md). Another value fails the communicator's init, as do different "
+     "values on ranks that share a node.",
      EnvKind::kChoice, 0, UINT64_MAX, "off|on|full"},
     {"WEFT_SOCKET_IFNAME", "",
      "Interfaces for the bootstrap: comma-separated name prefixes, ^ to exclude, = for exact "

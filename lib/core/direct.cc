@@ -72,6 +72,18 @@ Status read_check_mode(CheckMode* mode) {
   return Status::Ok();
 }
 
+const char* check_mode_name(uint64_t mode) {
+  switch (static_cast<CheckMode>(mode)) {
+    case CheckMode::Off:
+      return "off";
+    case CheckMode::On:
+      return "on";
+    case CheckMode::Full:
+      return "full";
+  }
+  return "an unknown mode";
+}
+
 void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
   if (bytes != 0 && dst != src) memcpy(dst, src, bytes);
 }
@@ -313,8 +325,12 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
     // and whether this rank would offer CMA at all.
     cma_probe_ = static_cast<uint64_t>(getpid()) << 32 ^ static_cast<uint64_t>(rank) ^
                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    const SetupWords mine{static_cast<uint64_t>(getpid()), reinterpret_cast<uintptr_t>(&cma_probe_),
-                          cma_probe_, cma_bytes_, zero_copy_bytes_};
+    const SetupWords mine{static_cast<uint64_t>(getpid()),
+                          reinterpret_cast<uintptr_t>(&cma_probe_),
+                          cma_probe_,
+                          cma_bytes_,
+                          zero_copy_bytes_,
+                          static_cast<uint64_t>(check_)};
     std::vector<std::string> words;
     Status attached = agree(
         allgather, opened, std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)), &words);
@@ -329,6 +345,14 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
         return Error(weftInternalError, "shared memory: rank %d sent a malformed setup", q);
       memcpy(&setups[q], words[q].data(), sizeof(SetupWords));
     }
+    // A rank that compares nothing (off) or hashes inputs (full) while its peers do otherwise
+    // would leave mismatches undetected on some ranks: every rank names the same first pair.
+    for (int q = 1; q < nranks; ++q)
+      if (setups[q].check != setups[0].check)
+        return Error(weftInvalidUsage,
+                     "WEFT_CHECK differs between ranks: rank %d has %s while rank 0 has %s (set "
+                     "the same value on every rank)",
+                     q, check_mode_name(setups[q].check), check_mode_name(setups[0].check));
     WEFT_RETURN_IF_ERROR(probe_cma(allgather, setups));
     // Below the largest of the ranks' smallest offer sizes some rank refuses every offer,
     // so such ops are staged without publishing offers (a synchronisation less per call).

@@ -222,9 +222,9 @@ class DirectState {
   // Reads the peers' inputs, then waits until every peer read this rank's.
   bool zero_copy(const Job& job, DirectRun* run, bool* progressed);
   // What each rank tells the others at init's second stage: where its CMA
-  // probe word lies (its pid, address and value) and its size thresholds.
+  // probe word lies (its pid, address and value), its size thresholds and its WEFT_CHECK.
   struct SetupWords {
-    uint64_t pid, probe_address, probe_value, cma_bytes, zero_copy_bytes;
+    uint64_t pid, probe_address, probe_value, cma_bytes, zero_copy_bytes, check;
   };
   // Whether every pair of ranks can use cross-memory attach (collective).
   Status probe_cma(const AllGather& allgather, const std::vector<SetupWords>& setups);

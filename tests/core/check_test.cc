@@ -56,6 +56,22 @@ TEST(CheckOff, MismatchedCallsAreNotCompared) {
       with_check("off"));
 }
 
+// A rank that compares nothing while its peers compare would leave their mismatches
+// undetected on it: init fails on every rank, naming the same pair.
+TEST(CheckMode, DifferentValuesOnTheRanksFailInitOnEveryRank) {
+  run_ranks(kRanks, [](const RankContext& context) {
+    if (context.rank == 2) setenv("WEFT_CHECK", "off", 1);
+    if (context.rank == 1) setenv("WEFT_CHECK", "full", 1);
+    weftComm_t comm = nullptr;
+    EXPECT_EQ(weftCommInitRank(&comm, context.nranks, context.id, context.rank), weftInvalidUsage);
+    const std::string message = weftGetLastError(nullptr);
+    EXPECT_NE(message.find("WEFT_CHECK differs between ranks: rank 1 has full while rank 0 has on"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(comm, nullptr);
+  });
+}
+
 TEST(CheckMode, BadValueFailsInitNamingTheVariable) {
   run_ranks(
       2,
