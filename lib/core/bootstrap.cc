@@ -35,6 +35,10 @@ static_assert(kMaxUnjoined >= 2 * kAcceptBatch);
 constexpr int64_t kVerdictGraceMs = Bootstrap::kVerdictGraceMs;
 // How long the root collects timeout reports before its verdict (well within the grace).
 constexpr int64_t kVerdictWindowMs = 200;
+// After a first disagreement of the ranks' calls, the root waits this long for the reports of
+// ranks that have not reported (they wait too, and report within kCallReportMs), so that the
+// message names rank 0's call, or the lowest rank's, as the one the others made.
+constexpr int64_t kMismatchWindowMs = 100;
 
 struct UniqueIdData {
   uint32_t magic;
@@ -182,6 +186,14 @@ class Root {
   Deadline verdict_deadline_;
   bool verdict_sent_ = false;
   void send_timeout_verdict();
+  // Each rank's latest collectives (kCalls), compared whenever one arrives.
+  CallComparison calls_;
+  std::vector<bool> reported_calls_;
+  int ranks_reporting_calls_ = 0;
+  bool mismatch_found_ = false, mismatch_sent_ = false;
+  Deadline mismatch_deadline_;
+  bool handle_calls(Connection& connection, const std::vector<uint8_t>& payload);
+  void send_mismatch();
 };
 
 void Root::run() {
@@ -214,6 +226,8 @@ void Root::run() {
     for (const auto& entry : gatherings_)
       next_deadline = std::min(next_deadline, entry.second.deadline);
     if (!timeout_reports_.empty()) next_deadline = std::min(next_deadline, verdict_deadline_);
+    if (mismatch_found_ && !mismatch_sent_)
+      next_deadline = std::min(next_deadline, mismatch_deadline_);
     for (Connection& connection : connections_) {
       fds.push_back({connection.fd.get(), POLLIN, 0});
       if (connection.rank < 0) next_deadline = std::min(next_deadline, connection.hello_deadline);
@@ -229,6 +243,7 @@ void Root::run() {
     if (listener_.valid() && (fds[1].revents & POLLIN)) accept_connections();
     expire_gatherings();
     if (!timeout_reports_.empty() && Clock::now() >= verdict_deadline_) send_timeout_verdict();
+    if (mismatch_found_ && !mismatch_sent_ && Clock::now() >= mismatch_deadline_) send_mismatch();
     size_t index = first_connection;
     for (auto it = connections_.begin(); it != connections_.end() && index < fds.size(); ++index) {
       auto current = it++;  // connections accepted this round have no entry yet
@@ -402,6 +417,8 @@ bool Root::handle_frame(Connection& connection, uint32_t type,
     }
     case kShrink:
       return handle_shrink(connection, payload);
+    case kCalls:
+      return handle_calls(connection, payload);
     case kFailed: {
       FailureReport failure;
       if (!decode_failure_report(payload, nranks_, &failure)) return false;
@@ -431,6 +448,31 @@ std::string rank_list(const std::vector<int32_t>& ranks) {
   return text + "}";
 }
 }  // namespace
+
+bool Root::handle_calls(Connection& connection, const std::vector<uint8_t>& payload) {
+  std::vector<CallRecord> calls;
+  if (!decode_calls(payload, &calls)) return false;
+  if (mismatch_sent_) return true;
+  calls_.add(connection.rank, calls);
+  reported_calls_.resize(nranks_);
+  if (!reported_calls_[connection.rank])
+    reported_calls_[connection.rank] = true, ++ranks_reporting_calls_;
+  if (!mismatch_found_ && !calls_.mismatch().empty()) {
+    mismatch_found_ = true;
+    mismatch_deadline_ = deadline_after_ms(kMismatchWindowMs);
+  }
+  if (mismatch_found_ && ranks_reporting_calls_ == nranks_) send_mismatch();
+  return true;
+}
+
+void Root::send_mismatch() {
+  const std::string mismatch = calls_.mismatch();
+  WEFT_LOG(WARN, BOOTSTRAP, "bootstrap root: %s", mismatch.c_str());
+  WireWriter writer;
+  writer.put_string(mismatch);
+  for (int rank : joined_ranks_others_first()) send_to_rank(rank, kMismatch, writer.data());
+  mismatch_sent_ = true;
+}
 
 bool Root::handle_shrink(Connection& connection, const std::vector<uint8_t>& payload) {
   ShrinkRequest request;
@@ -810,6 +852,13 @@ void Bootstrap::control_loop() {
       ready_.notify_all();  // an allgather waiting for the failed rank ends with its message
       lock.unlock();
       on_failure_(weftRemoteError, message);
+    } else if (type == kMismatch) {
+      std::string message;
+      if (!reader.get_string(&message)) continue;
+      if (failure_.empty()) failure_ = message;
+      ready_.notify_all();
+      lock.unlock();
+      on_failure_(weftInvalidUsage, message);
     } else if (type == kPeerLeft) {
       int32_t peer = -1;
       std::string label;
@@ -904,16 +953,23 @@ Status Bootstrap::shrink(const std::vector<int32_t>& excluded, const Blob& data,
   return read_parts(&reader, out);
 }
 
-bool Bootstrap::report_failure(const std::string& message, const std::vector<int32_t>& waited) {
-  const Blob report = encode_failure_report({message, waited});
+bool Bootstrap::report(uint32_t type, const Blob& payload) {
   std::lock_guard<std::mutex> sending(send_mutex_);  // leave() closes the socket under it
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (leaving_ || lost_ || !socket_.valid()) return false;
   }
   // Short: a root that cannot take it will not answer either.
-  return send_frame(socket_.get(), kFailed, report.data(), report.size(), deadline_after_ms(100))
+  return send_frame(socket_.get(), type, payload.data(), payload.size(), deadline_after_ms(100))
       .ok();
+}
+
+bool Bootstrap::report_failure(const std::string& message, const std::vector<int32_t>& waited) {
+  return report(kFailed, encode_failure_report({message, waited}));
+}
+
+bool Bootstrap::report_calls(const std::vector<CallRecord>& calls) {
+  return report(kCalls, encode_calls(calls));
 }
 
 void Bootstrap::leave(bool clean, const Blob& goodbye) {

@@ -80,6 +80,12 @@ class Bootstrap {
   // waited for) is passed on at once. False if the report could not be sent.
   bool report_failure(const std::string& message, const std::vector<int32_t>& waited = {});
 
+  // Sends the root this rank's latest collectives (a communicator without shared segments,
+  // while a call waits): it compares them with the other ranks' and, at the first
+  // disagreement, fails every rank with weftInvalidUsage and a message naming both calls.
+  // False if the report could not be sent.
+  bool report_calls(const std::vector<CallRecord>& calls);
+
   // "rank R (host:pid)" of the process hosting the root.
   const std::string& root_host() const { return root_host_; }
 
@@ -94,6 +100,8 @@ class Bootstrap {
   Bootstrap() = default;
   void control_loop();
   Status send(uint32_t type, const Blob& payload, Deadline deadline);
+  // A report to the root, sent at once with a short deadline (unless the plane is gone).
+  bool report(uint32_t type, const Blob& payload);
   // Waits for the control thread to queue a result there; `missing` says what a timeout means.
   Status await(std::deque<Blob>* queue, Deadline deadline, const char* what, const char* missing,
                Blob* out);

@@ -1,5 +1,6 @@
 #include "core/bootstrap_protocol.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/wire.h"
@@ -121,6 +122,57 @@ bool decode_shrink_request(const Blob& payload, int nranks, ShrinkRequest* out) 
   for (int32_t rank : out->excluded)
     if (rank < 0 || rank >= nranks) return false;
   return reader.get_blob(&out->part);
+}
+
+Blob encode_calls(const std::vector<CallRecord>& calls) {
+  WireWriter writer;
+  writer.put<uint32_t>(static_cast<uint32_t>(calls.size()));
+  for (const CallRecord& call : calls) {
+    writer.put(call.sequence);
+    writer.put(call.fingerprint);
+    writer.put_string(call.text);
+  }
+  return std::move(writer.data());
+}
+
+bool decode_calls(const Blob& payload, std::vector<CallRecord>* out) {
+  WireReader reader(payload);
+  uint32_t count = 0;
+  if (!reader.get(&count) || count > kMaxCallRecords) return false;
+  out->assign(count, CallRecord{});
+  for (CallRecord& call : *out)
+    if (!reader.get(&call.sequence) || !reader.get(&call.fingerprint) ||
+        !reader.get_string(&call.text))
+      return false;
+  return true;
+}
+
+void CallComparison::add(int rank, const std::vector<CallRecord>& calls) {
+  for (const CallRecord& call : calls) {
+    std::map<uint64_t, Caller>& callers = by_sequence_[call.sequence];
+    auto [it, added] = callers.try_emplace(call.fingerprint, Caller{rank, call.text});
+    if (!added && rank < it->second.rank) it->second = Caller{rank, call.text};
+    if (callers.size() > 1) disagreeing_.insert(call.sequence);
+  }
+  while (by_sequence_.size() > kKeptSequences) {
+    disagreeing_.erase(by_sequence_.begin()->first);
+    by_sequence_.erase(by_sequence_.begin());
+  }
+}
+
+std::string CallComparison::mismatch() const {
+  if (disagreeing_.empty()) return "";
+  const uint64_t sequence = *disagreeing_.begin();
+  const std::map<uint64_t, Caller>& callers = by_sequence_.at(sequence);
+  auto lowest = [](const auto& a, const auto& b) { return a.second.rank < b.second.rank; };
+  const auto first = std::min_element(callers.begin(), callers.end(), lowest);
+  const Caller* other = nullptr;
+  for (const auto& [fingerprint, caller] : callers)
+    if (fingerprint != first->first && (other == nullptr || caller.rank < other->rank))
+      other = &caller;
+  return "mismatched collectives: rank " + std::to_string(other->rank) + " called " + other->text +
+         " while rank " + std::to_string(first->second.rank) + " called " + first->second.text +
+         ", sequence " + std::to_string(sequence);
 }
 
 }  // namespace weft

@@ -7,6 +7,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,8 @@ enum MessageType : uint32_t {
   kFailed = 10,          // rank -> root: this rank's communicator timed out or was revoked, and why
   kShrink = 11,          // rank -> root: sequence number, excluded ranks, contribution
   kShrinkResult = 12,    // root -> rank: sequence number, error ("" if none), survivors' parts
+  kCalls = 13,           // rank -> root: its latest collectives, while it waits for one
+  kMismatch = 14,        // root -> rank: two ranks made different calls (their message)
 };
 
 // Cuts one connection's bytes, as they arrive in any pieces, into whole frames.
@@ -104,5 +108,39 @@ struct ShrinkRequest {
 };
 Blob encode_shrink_request(const ShrinkRequest& request);
 bool decode_shrink_request(const Blob& payload, int nranks, ShrinkRequest* out);
+
+// kCalls: a rank's latest collectives on a communicator without shared segments (ranks on
+// several nodes), sent when it waits for one; the root compares them across ranks.
+struct CallRecord {
+  uint64_t sequence = 0;
+  uint64_t fingerprint = 0;  // equal for calls every rank must make alike
+  std::string text;          // "allreduce(count=1000, float, sum)"
+  friend bool operator==(const CallRecord&, const CallRecord&) = default;
+};
+// At most this many records per report.
+inline constexpr size_t kMaxCallRecords = 64;
+Blob encode_calls(const std::vector<CallRecord>& calls);
+bool decode_calls(const Blob& payload, std::vector<CallRecord>* out);
+// What the root compares: every call the ranks reported, by sequence. A record stays true
+// once reported (rank r made that call), so reports only add; the oldest sequences are
+// forgotten beyond kKeptSequences. Each report costs O(records · log sequences).
+class CallComparison {
+ public:
+  void add(int rank, const std::vector<CallRecord>& calls);
+  // The first disagreement: at the lowest sequence reported with two fingerprints, the lowest
+  // rank that reported it against the lowest whose call differs from that one's. The message
+  // every rank fails with, or "" while the calls agree.
+  std::string mismatch() const;
+  static constexpr size_t kKeptSequences = 1024;
+
+ private:
+  struct Caller {
+    int rank;
+    std::string text;
+  };
+  // sequence -> fingerprint -> the lowest rank that reported it.
+  std::map<uint64_t, std::map<uint64_t, Caller>> by_sequence_;
+  std::set<uint64_t> disagreeing_;
+};
 
 }  // namespace weft

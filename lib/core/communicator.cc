@@ -186,6 +186,8 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
       },
       &comm->registry_));
   const double shm_ms = phase_ms();
+  comm->reports_calls_ =
+      nranks > 1 && !comm->direct_->shared() && comm->direct_->check() != CheckMode::Off;
   Calibration machine;
   WEFT_RETURN_IF_ERROR(load_calibration(&machine));
   comm->tuner_ = std::make_unique<Tuner>(
@@ -310,24 +312,57 @@ bool Communicator::record_failure(weftResult_t code, const std::string& message)
   return true;
 }
 
-Status Communicator::post_send(int peer, TagKind kind, uint64_t sequence, const void* data,
-                               size_t bytes, PendingOp* op) {
+Status Communicator::post_send(int peer, TagKind kind, uint64_t sequence, uint64_t salt,
+                               const void* data, size_t bytes, PendingOp* op) {
   op->comm = this;
   op->peer = peer;
   op->is_send = true;
   std::lock_guard<std::mutex> lock(transport_mutex_);
   op->request = transport_->acquire();
-  return transport_->post_send(peer, make_tag(rank_, kind, sequence), data, bytes, op->request);
+  return transport_->post_send(peer, make_tag(rank_, kind, sequence, salt), data, bytes,
+                               op->request);
 }
 
-Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, void* data, size_t bytes,
-                               PendingOp* op) {
+Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, uint64_t salt, void* data,
+                               size_t bytes, PendingOp* op) {
   op->comm = this;
   op->peer = peer;
   op->is_send = false;
   std::lock_guard<std::mutex> lock(transport_mutex_);
   op->request = transport_->acquire();
-  return transport_->post_recv(make_tag(peer, kind, sequence), data, bytes, op->request);
+  return transport_->post_recv(make_tag(peer, kind, sequence, salt), data, bytes, op->request);
+}
+
+void Communicator::record_call(uint64_t sequence, const CallShape& shape) {
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  recent_calls_[sequence % recent_calls_.size()] = RecordedCall{sequence, shape};
+}
+
+void Communicator::note_progress() {
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  waiting_sequence_ = UINT64_MAX;
+}
+
+void Communicator::note_waiting(uint64_t sequence) {
+  std::vector<CallRecord> calls;
+  {
+    std::lock_guard<std::mutex> lock(calls_mutex_);
+    const Clock::time_point now = Clock::now();
+    if (sequence != waiting_sequence_) {
+      waiting_sequence_ = sequence, waiting_since_ = now;
+      return;
+    }
+    if (reported_sequence_ == sequence ||
+        now - waiting_since_ < std::chrono::milliseconds(kCallReportMs))
+      return;
+    reported_sequence_ = sequence;
+    for (const RecordedCall& call : recent_calls_)
+      if (call.sequence != UINT64_MAX)
+        calls.push_back({call.sequence, call_fingerprint(call.shape), describe_call(call.shape)});
+  }
+  WEFT_LOG(INFO, COLL, "rank %d: collective %llu waits for %lld ms: its calls go to the root",
+           rank_, static_cast<unsigned long long>(sequence), static_cast<long long>(kCallReportMs));
+  (void)bootstrap_->report_calls(calls);
 }
 
 Status Communicator::split(int color, int key, const CommConfig& config,

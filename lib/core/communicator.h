@@ -5,6 +5,7 @@
 
 #include <poll.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -46,13 +47,19 @@ struct PeerInfo {
 // Message kinds, so that point-to-point and collective traffic never match each other.
 enum class TagKind : uint8_t { PointToPoint = 1, Collective = 2 };
 
-// Tag layout: sender rank (24 bits) | kind (4 bits) | sequence (36 bits).
+// Tag layout: sender rank (20 bits) | collective (1 bit) | call salt (7 bits) | sequence
+// (36 bits). A collective's salt is 7 bits of its call's fingerprint (call_fingerprint):
+// messages of ranks that made different calls do not match (but for one pair in 128), so
+// such calls wait, where the ranks compare their calls, instead of completing with garbage.
 inline constexpr int kTagSequenceBits = 36;
-inline uint64_t make_tag(int sender, TagKind kind, uint64_t sequence) {
-  return (static_cast<uint64_t>(sender) << 40) | (static_cast<uint64_t>(kind) << kTagSequenceBits) |
+inline constexpr uint64_t kTagSaltMask = 0x7f;
+inline uint64_t make_tag(int sender, TagKind kind, uint64_t sequence, uint64_t salt = 0) {
+  return (static_cast<uint64_t>(sender) << 44) |
+         (static_cast<uint64_t>(kind == TagKind::Collective) << 43) |
+         ((salt & kTagSaltMask) << kTagSequenceBits) |
          (sequence & ((uint64_t{1} << kTagSequenceBits) - 1));
 }
-inline constexpr int kMaxRanks = 1 << 24;
+inline constexpr int kMaxRanks = 1 << 20;
 
 class Communicator;
 
@@ -101,11 +108,11 @@ class Communicator {
   // Why the communicator failed (Ok if it did not).
   Status failure() const;
 
-  // Posts a send/receive of raw bytes with the next point-to-point tag for `peer`.
-  Status post_send(int peer, TagKind kind, uint64_t sequence, const void* data, size_t bytes,
-                   PendingOp* op);
-  Status post_recv(int peer, TagKind kind, uint64_t sequence, void* data, size_t bytes,
-                   PendingOp* op);
+  // Posts a send/receive of raw bytes tagged for `peer` (make_tag).
+  Status post_send(int peer, TagKind kind, uint64_t sequence, uint64_t salt, const void* data,
+                   size_t bytes, PendingOp* op);
+  Status post_recv(int peer, TagKind kind, uint64_t sequence, uint64_t salt, void* data,
+                   size_t bytes, PendingOp* op);
   // Counters read by the control thread too (departures), written only by
   // the launching thread: a relaxed load and store, no read-modify-write.
   uint32_t next_p2p_send_sequence(int peer) { return bump(p2p_send_sequence_[peer]); }
@@ -140,6 +147,18 @@ class Communicator {
   Status check_departures();
   // The collective just numbered (a static name), for departure messages.
   void note_launch(const char* what) { last_launched_.store(what, std::memory_order_relaxed); }
+
+  // Mismatch detection without shared segments (ranks on several nodes, or no room in
+  // /dev/shm; docs/reliability.md): every collective launched is recorded, and a call that
+  // has waited kCallReportMs reports the latest ones to the bootstrap root, which compares
+  // the ranks' reports and fails every rank at the first disagreement.
+  bool reports_calls() const { return reports_calls_; }
+  void record_call(uint64_t sequence, const CallShape& shape);
+  // The oldest call of this rank waits for `sequence` (called while idle): it reports once it
+  // waited kCallReportMs with no progress since (note_progress).
+  void note_waiting(uint64_t sequence);
+  void note_progress();
+  static constexpr int64_t kCallReportMs = 50;
 
   Status split(int color, int key, const CommConfig& config, std::unique_ptr<Communicator>* out);
   // Tells the peers this rank leaves on purpose.
@@ -207,6 +226,18 @@ class Communicator {
   std::vector<std::optional<Departure>> departures_;
   // The last job this rank launched on the communicator, for departure messages.
   std::atomic<const char*> last_launched_{""};
+  // Cross-node mismatch detection (guarded by calls_mutex_): the latest calls, by sequence
+  // modulo their number, the call waiting and since when, the last sequence reported.
+  bool reports_calls_ = false;
+  std::mutex calls_mutex_;
+  struct RecordedCall {
+    uint64_t sequence = UINT64_MAX;  // none yet
+    CallShape shape;
+  };
+  std::array<RecordedCall, 8> recent_calls_;
+  uint64_t waiting_sequence_ = UINT64_MAX;
+  Clock::time_point waiting_since_;
+  uint64_t reported_sequence_ = UINT64_MAX;
   ProgramCache programs_;
   AlgorithmOverrides overrides_;
   std::unique_ptr<Tuner> tuner_;  // per-size decisions, cached

@@ -445,6 +445,13 @@ CallShape unpack_shape(uint64_t shape, uint64_t count) {
 }
 }  // namespace
 
+uint64_t call_fingerprint(const CallShape& call) {
+  const uint64_t count = call.collective == algo::Collective::AllToAllv ? 0 : call.count;
+  uint64_t word = (pack_shape(call) ^ 0x9E3779B97F4A7C15ull) * 0xFF51AFD7ED558CCDull;
+  word = (word ^ (word >> 31) ^ count) * 0xC4CEB9FE1A85EC53ull;
+  return word ^ (word >> 29);
+}
+
 std::string describe_call(const CallShape& call) {
   static const char* const kOps[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
   std::string text = algo::collective_name(call.collective);

@@ -76,6 +76,9 @@ struct CallShape {
 static_assert(offsetof(CallShape, count) == sizeof(uint64_t), "the shape's word is 8 bytes");
 // "AllReduce(count=1000, float, sum)".
 std::string describe_call(const CallShape& call);
+// The call hashed to 64 bits, which differ between calls that differ but for rare
+// collisions: the whole shape, but an AllToAllv's count (its ranks' counts differ).
+uint64_t call_fingerprint(const CallShape& call);
 
 // What a direct job computes (copied from the call, so that a job queued on a
 // stream does not depend on the caller's count arrays).

@@ -272,10 +272,12 @@ Status JobRunner::post_step(size_t job_index, uint32_t index, PendingOp* op) {
   uint32_t k = job.program != nullptr ? job.program->message_index[index] : 0;
   uint64_t sequence = job.sequence_base + k;
   if (step.kind == algo::StepKind::Send)
-    return job.comm->post_send(step.peer, job.tag_kind, sequence, address(job_index, step.a),
-                               step.a.count * job.math.element_size, op);
-  return job.comm->post_recv(step.peer, job.tag_kind, sequence, address(job_index, step.dst),
-                             step.dst.count * job.math.element_size, op);
+    return job.comm->post_send(step.peer, job.tag_kind, sequence, job.tag_salt,
+                               address(job_index, step.a), step.a.count * job.math.element_size,
+                               op);
+  return job.comm->post_recv(step.peer, job.tag_kind, sequence, job.tag_salt,
+                             address(job_index, step.dst), step.dst.count * job.math.element_size,
+                             op);
 }
 
 void JobRunner::run_compute(size_t job_index, uint32_t index) {
@@ -409,6 +411,9 @@ Status JobRunner::advance(bool* progressed) {
     *progressed = true;
   }
   if (!*progressed && unfinished_jobs_ > 0) check_mismatches();
+  if (*progressed)
+    for (Communicator* comm : comms_)
+      if (comm->reports_calls()) comm->note_progress();
   // A failure matters only to work still unfinished: what completed, completed.
   if (unfinished_jobs_ > 0) {
     for (Communicator* comm : comms_) {
@@ -426,6 +431,16 @@ void JobRunner::check_mismatches() {
   for (size_t j = 0; j < jobs_.size(); ++j)
     if (states_[j].total != 0 && states_[j].completed != states_[j].total)
       (void)check_mismatch(jobs_[j]);  // fails the communicator, seen below
+  // Without shared segments the root compares: each communicator's oldest waiting call.
+  for (Communicator* comm : comms_) {
+    if (!comm->reports_calls()) continue;
+    uint64_t oldest = UINT64_MAX;
+    for (size_t j = 0; j < jobs_.size(); ++j)
+      if (jobs_[j].comm == comm && jobs_[j].tag_kind == TagKind::Collective &&
+          states_[j].total != 0 && states_[j].completed != states_[j].total)
+        oldest = std::min(oldest, jobs_[j].sequence);
+    if (oldest != UINT64_MAX) comm->note_waiting(oldest);
+  }
 }
 
 void assign_direct_tickets(std::span<Job> jobs) {

@@ -64,6 +64,8 @@ struct Job {
   TagKind tag_kind = TagKind::Collective;
   // Tag sequence of message k with a peer: sequence_base + k (set at launch).
   uint64_t sequence_base = 0;
+  // A collective's tag salt: bits of its call's fingerprint (set at launch; make_tag).
+  uint64_t tag_salt = 0;
   // A direct (shared-memory) collective, run by the communicator's direct
   // state instead of a program.
   const DirectCall* direct = nullptr;

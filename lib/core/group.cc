@@ -39,9 +39,11 @@ GroupState& group_state() {
 void assign_collective_sequence(Job& job) {
   job.sequence = job.comm->next_collective_sequence();
   job.sequence_base = (job.sequence & 0xFFFF) << 20;
+  job.tag_salt = call_fingerprint(job.shape) >> 57;
   job.comm->note_launch(job.what);
   DirectState& direct = *job.comm->direct();
   if (direct.shared() && direct.check() != CheckMode::Off) direct.announce(job);
+  if (job.comm->reports_calls()) job.comm->record_call(job.sequence, job.shape);
 }
 
 void assign_sequences(JobBatch& batch) {

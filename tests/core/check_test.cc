@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -379,6 +381,101 @@ TEST_P(AllToAllvMatrix, InconsistentCountsFailEveryRankNamingBoth) {
     EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
   });
 }
+
+// Without shared segments (ranks on several nodes; here WEFT_SHM_DISABLE on one) the calls
+// are compared by the bootstrap root: a call waiting on a peer's different call reports the
+// rank's latest calls, and at the first disagreement every rank fails naming both. The tags
+// carry bits of each call's fingerprint, so that different calls of the same size wait
+// instead of completing with garbage (the dtype case).
+struct RootCase {
+  const char* name;
+  int odd_rank;  // the rank whose call differs
+  // The call; `odd`: the differing one.
+  std::function<weftResult_t(weftComm_t, bool odd, std::vector<float>&, weftStream_t)> call;
+  const char* odd_call;
+  const char* usual_call;
+  bool on_stream = false;
+};
+
+class RootCompared : public ::testing::TestWithParam<RootCase> {};
+
+TEST_P(RootCompared, EveryRankFailsNamingBothCalls) {
+  const RootCase& c = GetParam();
+  RunOptions options;
+  options.env = {{"WEFT_SHM_DISABLE", "1"}};
+  run_ranks(
+      kRanks,
+      [&c](const RankContext& context) {
+        weftComm_t comm = init_comm(context, kTimeoutMs);
+        weftStream_t stream = nullptr;
+        if (c.on_stream) {
+          ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
+        }
+        auto finish = [&](weftResult_t result) {
+          return result == weftSuccess && stream != nullptr ? weftStreamSynchronize(stream)
+                                                            : result;
+        };
+        std::vector<float> data(3 * 2000, 1.0f);
+        // The same call first: exact, and no false alarm.
+        ASSERT_EQ(finish(c.call(comm, false, data, stream)), weftSuccess) << weftGetLastError(comm);
+        const auto start = std::chrono::steady_clock::now();
+        weftResult_t result = finish(c.call(comm, context.rank == c.odd_rank, data, stream));
+        // A rank whose different call only sent completes it; its next call fails.
+        if (result == weftSuccess)
+          result = finish(
+              weftAllReduce(data.data(), data.data(), 10, weftFloat32, weftSum, comm, stream));
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_EQ(result, weftInvalidUsage) << c.name << ": " << weftGetLastError(comm);
+        // Both ranks and both calls; the other rank is the lowest whose report the root had
+        // (rank 0 but under load), and it may be the one named first.
+        const std::string message = weftGetLastError(comm);
+        const std::string odd = "rank " + std::to_string(c.odd_rank) + " called " + c.odd_call;
+        for (const std::string& part :
+             {std::string("mismatched collectives: "), odd, " called " + std::string(c.usual_call),
+              std::string(", sequence 1")})
+          EXPECT_NE(message.find(part), std::string::npos) << message << "\nwithout: " << part;
+        EXPECT_LT(seconds, kTimeoutMs / 1000.0 / 4) << "found by the timeout, not compared";
+        if (stream != nullptr) weftStreamDestroy(stream);
+        weftCommDestroy(comm);
+      },
+      options);
+}
+
+weftResult_t all_reduce_counts(weftComm_t comm, bool odd, std::vector<float>& data,
+                               weftStream_t stream) {
+  return weftAllReduce(data.data(), data.data(), odd ? 2000 : 1000, weftFloat32, weftSum, comm,
+                       stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Calls, RootCompared,
+    ::testing::Values(
+        RootCase{"count", 1, all_reduce_counts, "allreduce(count=2000, float, sum)",
+                 "allreduce(count=1000, float, sum)"},
+        RootCase{"count_stream", 1, all_reduce_counts, "allreduce(count=2000, float, sum)",
+                 "allreduce(count=1000, float, sum)", true},
+        RootCase{"kind", 2,
+                 [](weftComm_t comm, bool odd, std::vector<float>& data, weftStream_t stream) {
+                   return odd ? weftAllGather(data.data(), data.data() + 1000, 1000, weftFloat32,
+                                              comm, stream)
+                              : weftAllReduce(data.data(), data.data(), 1000, weftFloat32, weftSum,
+                                              comm, stream);
+                 },
+                 "allgather(count=1000, float)", "allreduce(count=1000, float, sum)"},
+        RootCase{"dtype_same_bytes", 1,
+                 [](weftComm_t comm, bool odd, std::vector<float>& data, weftStream_t stream) {
+                   return weftAllReduce(data.data(), data.data(), 1000,
+                                        odd ? weftInt32 : weftFloat32, weftSum, comm, stream);
+                 },
+                 "allreduce(count=1000, int32, sum)", "allreduce(count=1000, float, sum)"},
+        RootCase{"root", 2,
+                 [](weftComm_t comm, bool odd, std::vector<float>& data, weftStream_t stream) {
+                   return weftBroadcast(data.data(), data.data(), 1000, weftFloat32, odd ? 1 : 0,
+                                        comm, stream);
+                 },
+                 "broadcast(count=1000, float, root 1)", "broadcast(count=1000, float, root 0)"}),
+    [](const ::testing::TestParamInfo<RootCase>& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
     Paths, AllToAllvMatrix,

@@ -44,6 +44,18 @@ void check_frame(uint32_t type, const Blob& payload, int* nranks) {
       expect_prefix(weft::encode_failure_report(report), payload);
       return;
     }
+    case weft::kCalls: {
+      std::vector<weft::CallRecord> calls;
+      if (!weft::decode_calls(payload, &calls)) return;
+      if (calls.size() > weft::kMaxCallRecords) abort();
+      expect_prefix(weft::encode_calls(calls), payload);
+      // The root adds a report to the others it holds: here, as two ranks'.
+      weft::CallComparison comparison;
+      comparison.add(0, calls);
+      comparison.add(1, calls);
+      (void)comparison.mismatch();
+      return;
+    }
     case weft::kShrink: {
       weft::ShrinkRequest request;
       if (!weft::decode_shrink_request(payload, *nranks, &request)) return;

@@ -4,6 +4,7 @@
 //   check: runs every collective and grouped Send/Recv with exact integer
 //          checks, exit 0 when all match, 1 on a mismatch;
 //   twolevel: the same checks for the hier and leader schedules, forced;
+//   mismatch: calls that differ on one rank, each failing every rank naming both;
 //   fault: runs an operation in a loop until it fails (a host was killed or cut
 //          off): a split, a blocking AllReduce, one on a stream, or a group of
 //          Send/Recv between every pair (or, for init, expects the init to
@@ -401,17 +402,81 @@ int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file, Fa
   return kNoFailureExit;
 }
 
+// Mismatched calls across hosts (docs/reliability.md, "Across nodes"): in a fresh split per
+// case, a call made alike, then one that differs on one rank (count, collective, datatype of
+// the same size, root), then an AllReduce (a rank whose different call only sent finishes
+// it). Every rank must fail with weftInvalidUsage naming both calls, long before the timeout.
+int mismatch_mode(weftComm_t comm, int rank) {
+  struct Case {
+    const char* name;
+    int odd_rank;
+    const char *odd_call, *usual_call;
+  };
+  const Case cases[] = {
+      {"count", 2, "allreduce(count=2000, int32, sum)", "allreduce(count=1000, int32, sum)"},
+      {"collective", 4, "allgather(count=1000, int32)", "allreduce(count=1000, int32, sum)"},
+      {"datatype", 1, "allreduce(count=1000, float, sum)", "allreduce(count=1000, int32, sum)"},
+      {"root", 3, "broadcast(count=1000, int32, root 2)", "broadcast(count=1000, int32, root 0)"},
+  };
+  int failures = 0;
+  std::vector<int32_t> data(8 * 2000, 1);
+  for (const Case& c : cases) {
+    weftComm_t split = nullptr;
+    must(comm, weftCommSplit(comm, 0, rank, &split, nullptr), "weftCommSplit");
+    auto call = [&](bool odd) {
+      const std::string name = c.name;
+      if (name == "count")
+        return weftAllReduce(data.data(), data.data(), odd ? 2000 : 1000, weftInt32, weftSum, split,
+                             nullptr);
+      if (name == "collective")
+        return odd ? weftAllGather(data.data(), data.data() + 1000, 1000, weftInt32, split, nullptr)
+                   : weftAllReduce(data.data(), data.data(), 1000, weftInt32, weftSum, split,
+                                   nullptr);
+      if (name == "datatype")
+        return weftAllReduce(data.data(), data.data(), 1000, odd ? weftFloat32 : weftInt32, weftSum,
+                             split, nullptr);
+      return weftBroadcast(data.data(), data.data(), 1000, weftInt32, odd ? 2 : 0, split, nullptr);
+    };
+    must(split, call(false), c.name);
+    const auto start = std::chrono::steady_clock::now();
+    weftResult_t result = call(rank == c.odd_rank);
+    if (result == weftSuccess)
+      result = weftAllReduce(data.data(), data.data(), 10, weftInt32, weftSum, split, nullptr);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Both ranks and both calls (the other rank: the lowest whose report the root had).
+    const std::string message = weftGetLastError(split);
+    const std::string odd = "rank " + std::to_string(c.odd_rank) + " called " + c.odd_call;
+    const std::string usual = std::string(" called ") + c.usual_call;
+    if (result != weftInvalidUsage ||
+        message.find("mismatched collectives: ") == std::string::npos ||
+        message.find(odd) == std::string::npos || message.find(usual) == std::string::npos ||
+        message.find(", sequence 1") == std::string::npos) {
+      fprintf(stderr,
+              "rank %d: %s: got %s: %s\nrank %d: %s: want weftInvalidUsage naming %s and%s\n", rank,
+              c.name, weftGetErrorString(result), message.c_str(), rank, c.name, odd.c_str(),
+              usual.c_str());
+      ++failures;
+    } else {
+      printf("rank %d: %s mismatch named after %.3f s\n", rank, c.name, seconds);
+    }
+    weftCommAbort(split);
+  }
+  printf("rank %d: %zu checks, %d mismatches\n", rank, std::size(cases), failures);
+  return failures == 0 ? 0 : kMismatchExit;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   FaultPhase phase = FaultPhase::Blocking;
   if (argc < 3 ||
       (strcmp(argv[1], "check") != 0 && strcmp(argv[1], "twolevel") != 0 &&
-       strcmp(argv[1], "fault") != 0) ||
+       strcmp(argv[1], "mismatch") != 0 && strcmp(argv[1], "fault") != 0) ||
       (strcmp(argv[1], "fault") == 0 &&
        (argc < 4 || (argc > 4 && !parse_fault_phase(argv[4], &phase))))) {
     fprintf(stderr,
-            "usage: %s check HOSTS | twolevel HOSTS | fault HOSTS READY_FILE "
+            "usage: %s check HOSTS | twolevel HOSTS | mismatch HOSTS | fault HOSTS READY_FILE "
             "[init|split|blocking|stream|group]\n",
             argv[0]);
     return kUsageExit;
@@ -435,6 +500,7 @@ int main(int argc, char** argv) {
   }
   int code = strcmp(argv[1], "check") == 0      ? check_mode(comm, rank, nranks)
              : strcmp(argv[1], "twolevel") == 0 ? two_level_mode(comm, rank, nranks)
+             : strcmp(argv[1], "mismatch") == 0 ? mismatch_mode(comm, rank)
                                                 : fault_mode(comm, rank, nranks, argv[3], phase);
   fflush(stdout);
   if (code != 0) {

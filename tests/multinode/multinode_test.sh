@@ -8,6 +8,8 @@
 #
 #   multinode_test.sh collectives PROG WORKDIR  every collective, exact, across hosts
 #   multinode_test.sh twolevel PROG WORKDIR     the hier and leader schedules forced, exact
+#   multinode_test.sh mismatch PROG WORKDIR     calls that differ across hosts: every rank fails
+#                                                naming both calls
 #   multinode_test.sh kill PROG WORKDIR         host c's ranks are killed mid-AllReduce
 #   multinode_test.sh linkdown PROG WORKDIR     host c's link goes down mid-AllReduce
 #   multinode_test.sh cut PROG WORKDIR VICTIM PHASE
@@ -31,7 +33,7 @@ set -uo pipefail
 mode=${1:-} prog=${2:-} work=${3:-} victim=${4:-} phase=${5:-blocking}
 margin_ms=5000
 case $mode in
-  collectives | twolevel | kill | linkdown) ;;
+  collectives | twolevel | mismatch | kill | linkdown) ;;
   cut)
     case $victim in
       root) victim_host=a ;;
@@ -46,7 +48,7 @@ case $mode in
       *) echo "$0: cut needs PHASE init, split, blocking, stream or group, got '$phase'" >&2; exit 2 ;;
     esac
     margin_ms=2000 ;;  # the fault matrix's bound: the timeout plus 2 s
-  *) echo "usage: $0 collectives|twolevel|kill|linkdown PROG WORKDIR | cut PROG WORKDIR root|nonroot init|split|blocking|stream|group" >&2; exit 2 ;;
+  *) echo "usage: $0 collectives|twolevel|mismatch|kill|linkdown PROG WORKDIR | cut PROG WORKDIR root|nonroot init|split|blocking|stream|group" >&2; exit 2 ;;
 esac
 readonly skip=77 timeout_ms=3000
 hosts=(a b c)
@@ -112,6 +114,7 @@ rank_limit=45
 case $mode in
   collectives) args=(check ${#hosts[@]}) ;;
   twolevel) args=(twolevel ${#hosts[@]}) ;;
+  mismatch) args=(mismatch ${#hosts[@]}) ;;
   *) args=(fault ${#hosts[@]} "$work/ready" "$phase") ;;
 esac
 # UCX's debug log names every endpoint's transports (checked below).
@@ -192,7 +195,7 @@ verify_transports() {
 }
 
 all_ranks=("${!rank_host[@]}")
-if [[ $mode == collectives || $mode == twolevel ]]; then
+if [[ $mode == collectives || $mode == twolevel || $mode == mismatch ]]; then
   t0=$(now_ms)
   await_ranks $((t0 + rank_limit * 1000)) "${all_ranks[@]}"
   show_output
@@ -202,6 +205,7 @@ if [[ $mode == collectives || $mode == twolevel ]]; then
   done
   grep -q "rank 0: $nranks ranks on ${#hosts[@]} hosts" "$work/rank0.out" || fail "rank 0 did not see ${#hosts[@]} hosts"
   # The two-level run opens more communicators, and so more UCX endpoints.
+  [[ $mode == mismatch ]] && { say "PASS: every mismatch named on every rank across ${#hosts[@]} hosts in $(($(now_ms) - t0)) ms"; exit 0; }
   [[ $mode == twolevel ]] || verify_transports
   say "PASS: every collective exact on $nranks ranks across ${#hosts[@]} hosts in $(($(now_ms) - t0)) ms"
   exit 0
