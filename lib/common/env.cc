@@ -28,7 +28,8 @@ constexpr EnvVar kEnvTable[] = {
      "error within it.",
      EnvKind::kInt, 1, INT32_MAX},
     {"WEFT_CHECK", "",
-     "Mismatch detection between ranks on one node: off, on (unset: each collective's kind, "
+     "Mismatch detection between ranks (through shared memory on a node, else the bootstrap "
+     "root): off, on (unset: each collective's kind, "
      "count, datatype, op, root and AllToAllv's count matrix) or full (also a hash of each rank's "
      "input, docs/reliability.md). Another value fails the communicator's init, as do different "
      "values on ranks that share a node.",
