@@ -379,7 +379,10 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{4, "--zero 3 --hsdp 2"}, Case{4, "--dp 2 --tp 2 --sp --zero 1"},
                     Case{2, "--pp 2"}, Case{2, "--microbatches 2"},
                     Case{4, "--pp 2 --tp 2 --microbatches 2"},
-                    Case{4, "--pp 2 --dp 2 --microbatches 2 --batch 4 --schedule zb"}),
+                    Case{4, "--pp 2 --dp 2 --microbatches 2 --batch 4 --schedule zb"},
+                    Case{2, "--cp 2"}, Case{4, "--cp 2 --dp 2 --cp-algo zigzag --zero 1"},
+                    Case{2, "--ep 2 --experts 4 --topk 2"},
+                    Case{4, "--ep 2 --experts 4 --topk 2 --capacity 1.0"}),
     case_name);
 
 // A run that went on from the step-4 checkpoint of a 6-step run on dp 2, another dp than the
@@ -466,7 +469,6 @@ INSTANTIATE_TEST_SUITE_P(
                     BadCase{2, "--shrink-on-failure", "--shrink-on-failure needs --checkpoint-dir"},
                     BadCase{2, "--checkpoint-dir /tmp --checkpoint-every -1",
                             "--checkpoint-every -1 must be >= 0"},
-                    BadCase{4, "--cp 2 --checkpoint-dir /tmp", "--checkpoint-dir needs no --cp"},
                     BadCase{2, "--pp 2 --checkpoint-dir /tmp --shrink-on-failure",
                             "--shrink-on-failure with --pp or --microbatches is not supported"},
                     BadCase{
@@ -490,11 +492,15 @@ TEST(WeftTrainTest, BadCheckpointsAreRefusedNamingTheProblem) {
   };
   for (const Refusal& r : std::vector<Refusal>{
            {"--dp 2 --steps 4",
-            "was written on the mesh dp 1 x tp 2 x cp 1 x pp 1, zero 0, without --sp; this run's "
-            "is dp 2 x tp 1 x cp 1 x pp 1, zero 0, without --sp (all but dp must match)"},
-           {"--tp 2 --sp --steps 4", "this run's is dp 1 x tp 2 x cp 1 x pp 1, zero 0, with --sp"},
+            "was written on the mesh dp 1 x tp 2 x cp 1 x pp 1 x ep 1, zero 0, without --sp; this "
+            "run's is dp 2 x tp 1 x cp 1 x pp 1 x ep 1, zero 0, without --sp (all but dp must "
+            "match)"},
+           {"--tp 2 --sp --steps 4",
+            "this run's is dp 1 x tp 2 x cp 1 x pp 1 x ep 1, zero 0, with --sp"},
            {"--tp 2 --zero 1 --steps 4",
-            "this run's is dp 1 x tp 2 x cp 1 x pp 1, zero 1, without --sp"},
+            "this run's is dp 1 x tp 2 x cp 1 x pp 1 x ep 1, zero 1, without --sp"},
+           {"--cp 2 --steps 4", "this run's is dp 1 x tp 1 x cp 2 x pp 1 x ep 1"},
+           {"--ep 2 --experts 4 --steps 4", "this run's is dp 2 x tp 1 x cp 1 x pp 1 x ep 2"},
            {"--tp 2 --steps 4 --seed 2", "was written with --seed 1; this run has --seed 2"},
            {"--tp 2 --steps 2", "is of step 2, not before --steps 2"}}) {
     const Outcome run = weft_train(2, r.args + " --resume" + at);

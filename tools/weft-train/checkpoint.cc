@@ -20,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'W', 'E', 'F', 'T', 'C', 'K', 'P', 'T'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the ep coordinates (MoE experts)
 constexpr const char* kManifestTitle = "weft-train checkpoint 1";
 
 std::string step_dir(const std::string& dir, int step) {
@@ -66,17 +66,20 @@ using Values = std::map<std::string, long>;
 
 // The manifest's mesh keys (all but dp must match to resume) and model keys (all must).
 Values mesh_values(const CheckpointMesh& m) {
-  return {{"dp", m.dp}, {"tp", m.tp}, {"cp", m.cp}, {"pp", m.pp}, {"zero", m.zero}, {"sp", m.sp}};
+  return {{"dp", m.dp}, {"tp", m.tp},     {"cp", m.cp}, {"pp", m.pp},
+          {"ep", m.ep}, {"zero", m.zero}, {"sp", m.sp}};
 }
 Values model_values(const Config& c) {
-  return {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"ffn", c.ffn},
-          {"vocab", c.vocab},   {"seq", c.seq},       {"batch", c.batch}, {"seed", long(c.seed)}};
+  return {{"layers", c.layers},   {"hidden", c.hidden}, {"heads", c.heads}, {"ffn", c.ffn},
+          {"vocab", c.vocab},     {"seq", c.seq},       {"batch", c.batch}, {"seed", long(c.seed)},
+          {"experts", c.experts}, {"topk", c.topk}};
 }
 
 std::string mesh_text(const Values& m) {
   return "dp " + std::to_string(m.at("dp")) + " x tp " + std::to_string(m.at("tp")) + " x cp " +
-         std::to_string(m.at("cp")) + " x pp " + std::to_string(m.at("pp")) + ", zero " +
-         std::to_string(m.at("zero")) + (m.at("sp") ? ", with" : ", without") + " --sp";
+         std::to_string(m.at("cp")) + " x pp " + std::to_string(m.at("pp")) + " x ep " +
+         std::to_string(m.at("ep")) + ", zero " + std::to_string(m.at("zero")) +
+         (m.at("sp") ? ", with" : ", without") + " --sp";
 }
 
 Values read_manifest(const std::string& path) {
@@ -131,7 +134,8 @@ void save_shard(const std::string& dir, int rank, const ShardState& state) {
   make_dirs(path);
   std::string out(kMagic, sizeof kMagic);
   put<uint32_t>(out, kVersion);
-  for (int field : {rank, state.step, state.shard.tp, state.shard.tp_rank})
+  for (int field :
+       {rank, state.step, state.shard.tp, state.shard.tp_rank, state.shard.ep, state.shard.ep_rank})
     put<int32_t>(out, field);
   put<uint64_t>(out, state.values.size());
   for (size_t i = 0; i < state.values.size(); ++i) {
@@ -206,8 +210,10 @@ GlobalState load_checkpoint(const std::string& dir, int step, const Config& conf
     const int file_rank = in.get<int32_t>(), file_step = in.get<int32_t>();
     Shard shard;
     shard.tp = in.get<int32_t>(), shard.tp_rank = in.get<int32_t>();
+    shard.ep = in.get<int32_t>(), shard.ep_rank = in.get<int32_t>();
     if (file_rank != rank || file_step != step || shard.tp != mesh.tp || shard.tp_rank < 0 ||
-        shard.tp_rank >= shard.tp || in.get<uint64_t>() != specs.size())
+        shard.tp_rank >= shard.tp || shard.ep != mesh.ep || shard.ep_rank < 0 ||
+        shard.ep_rank >= shard.ep || in.get<uint64_t>() != specs.size())
       throw CheckpointError("--resume: " + in.path() + " does not belong to rank " +
                             std::to_string(rank) + " of step " + std::to_string(step));
     for (size_t i = 0; i < specs.size(); ++i) {

@@ -30,6 +30,7 @@ struct CheckpointError : std::runtime_error {
 struct CheckpointMesh {
   int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0;
   bool sp = false;
+  int ep = 1;
 };
 
 // One rank's optimizer state: per parameter (param_specs order) its tp slice of the values

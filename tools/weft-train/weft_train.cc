@@ -53,8 +53,7 @@ constexpr const char* kUsage =
     "  model: --layers N --hidden N --heads N --ffn N --vocab N --seq N --batch N (global)\n"
     "  run:   --steps N --seed N --json --profile\n"
     "  ckpt:  --checkpoint-dir D --checkpoint-every K  (every K steps each rank saves its\n"
-    "         shard to D/step-N/, rank 0 a manifest of mesh, model and step; no --cp or\n"
-    "         --experts)\n"
+    "         shard to D/step-N/, rank 0 a manifest of mesh, model and step)\n"
     "         --resume  (start from the newest complete checkpoint in D; same model and\n"
     "         mesh but dp, which may differ: the state is re-sharded from every rank's file)\n"
     "         --shrink-on-failure  (when a rank dies the survivors shrink the world, exclude\n"
@@ -245,10 +244,6 @@ int refuse_together(const weft::Comm& world, const std::string& error) {
 // The meshes checkpoints support, or a message.
 std::string checkpoint_error(const Options& o, bool pipelined) {
   if (o.checkpoint_dir.empty()) return "";
-  if (o.par.cp > 1 || o.config.experts > 0)
-    return "--checkpoint-dir needs no --cp or --experts (checkpoints hold data-parallel, "
-           "ZeRO, tensor-parallel and pipeline-stage shards of the parameters and Adam "
-           "moments)";
   if (pipelined && o.shrink_on_failure)
     return "--shrink-on-failure with --pp or --microbatches is not supported (the survivors "
            "rebuild a mesh without pipeline stages)";
@@ -256,7 +251,7 @@ std::string checkpoint_error(const Options& o, bool pipelined) {
 }
 
 CheckpointMesh checkpoint_mesh(const Options& o, const MeshPlan& plan) {
-  return {plan.dp, plan.tp, plan.cp, o.par.pp, o.par.zero, o.par.sp};
+  return {plan.dp, plan.tp, plan.cp, o.par.pp, o.par.zero, o.par.sp, o.par.ep};
 }
 
 // Every rank's shard of the state after the last step, then (once all are written) the
