@@ -339,8 +339,9 @@ void Communicator::record_call(uint64_t sequence, const CallShape& shape) {
 }
 
 void Communicator::note_progress() {
-  std::lock_guard<std::mutex> lock(calls_mutex_);
-  waiting_sequence_ = UINT64_MAX;
+  // Called at every step that moves: a load, and a store only after a wait was noted.
+  if (waiting_sequence_.load(std::memory_order_relaxed) != UINT64_MAX)
+    waiting_sequence_.store(UINT64_MAX, std::memory_order_relaxed);
 }
 
 void Communicator::note_waiting(uint64_t sequence) {
@@ -348,8 +349,8 @@ void Communicator::note_waiting(uint64_t sequence) {
   {
     std::lock_guard<std::mutex> lock(calls_mutex_);
     const Clock::time_point now = Clock::now();
-    if (sequence != waiting_sequence_) {
-      waiting_sequence_ = sequence, waiting_since_ = now;
+    if (sequence != waiting_sequence_.load(std::memory_order_relaxed)) {
+      waiting_sequence_.store(sequence, std::memory_order_relaxed), waiting_since_ = now;
       return;
     }
     if (reported_sequence_ == sequence ||

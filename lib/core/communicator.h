@@ -226,8 +226,9 @@ class Communicator {
   std::vector<std::optional<Departure>> departures_;
   // The last job this rank launched on the communicator, for departure messages.
   std::atomic<const char*> last_launched_{""};
-  // Cross-node mismatch detection (guarded by calls_mutex_): the latest calls, by sequence
-  // modulo their number, the call waiting and since when, the last sequence reported.
+  // Cross-node mismatch detection (guarded by calls_mutex_ but for note_progress's reset): the
+  // latest calls, by sequence modulo their number, the call waiting and since when, the last
+  // sequence reported.
   bool reports_calls_ = false;
   std::mutex calls_mutex_;
   struct RecordedCall {
@@ -235,7 +236,7 @@ class Communicator {
     CallShape shape;
   };
   std::array<RecordedCall, 8> recent_calls_;
-  uint64_t waiting_sequence_ = UINT64_MAX;
+  std::atomic<uint64_t> waiting_sequence_{UINT64_MAX};  // also reset without the lock
   Clock::time_point waiting_since_;
   uint64_t reported_sequence_ = UINT64_MAX;
   ProgramCache programs_;
