@@ -686,4 +686,5 @@ class Ledger {
 
 #include "weft/parallel/cp.hpp"  // context parallelism
 #include "weft/parallel/ep.hpp"  // expert parallel (MoE dispatch and combine)
-#include "weft/parallel/pp.hpp"
+#include "weft/parallel/pd.hpp"  // disaggregated serving (KV-cache transfer)
+#include "weft/parallel/pp.hpp"  // pipeline schedules

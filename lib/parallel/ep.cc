@@ -21,16 +21,17 @@ namespace {
 using Bytes = std::vector<unsigned char>;
 
 // Rows per peer on the wire and where each peer's block starts: the exact
-// counts, or `block` rows for every peer in the count-sync-free mode.
+// counts, or in the count-sync-free mode `block` rows for every peer whose
+// link may carry rows (open[p]: not when the receiving end holds no experts).
 struct Wire {
   std::vector<size_t> rows, offsets;
   size_t total = 0;
 };
 
-Wire make_wire(const std::vector<size_t>& rows, size_t block) {
+Wire make_wire(const std::vector<size_t>& rows, size_t block, const std::vector<bool>& open) {
   Wire w;
-  for (size_t count : rows) {
-    w.rows.push_back(block != 0 ? block : count);
+  for (size_t p = 0; p < rows.size(); ++p) {
+    w.rows.push_back(block == 0 ? rows[p] : open[p] ? block : 0);
     w.offsets.push_back(w.total);
     w.total += w.rows.back();
   }
@@ -126,7 +127,9 @@ size_t MoeHandle::remote_rows_sent() const {
 struct MoeDispatcher::State {
   const Axis& axis;
   MoeOptions options;
-  int ranks = 1, rank = 0, local = 0;
+  // local: the experts of an expert-holding rank; own: this rank's (local,
+  // or 0 outside MoeOptions::expert_ranks), first: its first expert.
+  int ranks = 1, rank = 0, local = 0, own = 0, first = -1;
   size_t k = 0, h = 0;
   // Ledger patterns are prefix + ".dispatch", ...; the load is noted when `note`.
   std::string prefix = "ep";
@@ -135,6 +138,9 @@ struct MoeDispatcher::State {
   // and what its record names there: g − shift[q]. Flat: q itself and the
   // local expert (shift q · local).
   std::vector<int32_t> peer_of_rank, shift;
+  // Per axis rank: it holds experts (rows can go to it); per axis rank: this
+  // rank holds experts (rows can come from it).
+  std::vector<bool> holds, receives;
 
   State(const Axis& a, const MoeOptions& o) : axis(a), options(o) {}
 
@@ -237,14 +243,14 @@ struct MoeDispatcher::State {
   // Groups the received rows by local expert (pad: to C · ranks rows each).
   void group(MoeHandle::State& hs, const Bytes& recv, const Wire& wire, size_t stride) const {
     const size_t rows = hs.received();
-    std::vector<size_t> count(local, 0);
+    std::vector<size_t> count(own, 0);
     for (int32_t e : hs.expert)
       if (e >= 0) ++count[e];
-    hs.expert_rows.assign(local, 0);
-    hs.expert_offset.assign(local, 0);
+    hs.expert_rows.assign(own, 0);
+    hs.expert_offset.assign(own, 0);
     const size_t padded = options.pad ? capacity(pad_tokens(hs.tokens)) * ranks : 0;
     size_t offset = 0;
-    for (int e = 0; e < local; ++e) {
+    for (int e = 0; e < own; ++e) {
       require(!options.pad || count[e] <= padded,
               "pad: local expert " + std::to_string(e) + " received " + std::to_string(count[e]) +
                   " rows, more than capacity · ep = " + std::to_string(padded) +
@@ -255,7 +261,7 @@ struct MoeDispatcher::State {
     }
     hs.input.assign(offset * h, 0.0f);
     hs.position.assign(rows * k, -1);
-    std::vector<size_t> filled(local, 0);
+    std::vector<size_t> filled(own, 0);
     hs.for_received(wire, [&](size_t, size_t w, size_t i) {
       const unsigned char* record = recv.data() + w * stride;
       for (size_t j = 0; j < k; ++j) {
@@ -288,8 +294,12 @@ struct MoeDispatcher::State {
                  std::max(ledger->noted("ep.load.imbalance"), hs.load.imbalance));
   }
 
-  Wire dispatch_send(const MoeHandle::State& hs) const { return make_wire(hs.send_rows, hs.block); }
-  Wire dispatch_recv(const MoeHandle::State& hs) const { return make_wire(hs.recv_rows, hs.block); }
+  Wire dispatch_send(const MoeHandle::State& hs) const {
+    return make_wire(hs.send_rows, hs.block, holds);
+  }
+  Wire dispatch_recv(const MoeHandle::State& hs) const {
+    return make_wire(hs.recv_rows, hs.block, receives);
+  }
   size_t logical(const MoeHandle::State& hs) const { return hs.tokens * k * h * sizeof(float); }
 
   void validate(std::span<const float> x, size_t tokens, std::span<const int32_t> topk_index,
@@ -355,7 +365,7 @@ struct MoeDispatcher::State {
       // has no slot here.
       for (int p = 0; p < ranks; ++p) {
         size_t n = 0;
-        for (; n < hs.block; ++n) {
+        for (; n < in.rows[p]; ++n) {
           bool any = false;
           for (size_t j = 0; j < k; ++j) any = any || slot_id(in.offsets[p] + n, j) >= 0;
           if (!any) break;
@@ -377,7 +387,7 @@ struct MoeDispatcher::State {
 
   // The imbalance over the known experts, then the ledger notes.
   void finish_load(MoeHandle::State& hs, int first) const {
-    size_t known = hs.load.global ? options.experts : local, most = 0, total = 0;
+    size_t known = hs.load.global ? options.experts : own, most = 0, total = 0;
     for (size_t g = 0; g < known; ++g) {
       size_t v = hs.load.expert_tokens[hs.load.global ? g : first + g];
       most = std::max(most, v), total += v;
@@ -431,9 +441,23 @@ MoeDispatcher::MoeDispatcher(const Axis& ep, MoeOptions options)
   s.rank = s.axis.rank();
   const MoeOptions& o = s.options;
   require(o.experts > 0, "experts=" + std::to_string(o.experts) + " must be positive");
-  require(o.experts % s.ranks == 0, "experts=" + std::to_string(o.experts) +
-                                        " does not divide by the " + std::to_string(s.ranks) +
-                                        " ranks of " + s.axis.name());
+  std::vector<int> holders = o.expert_ranks;
+  if (holders.empty())
+    for (int q = 0; q < s.ranks; ++q) holders.push_back(q);
+  std::vector<bool> seen(s.ranks, false);
+  for (size_t i = 0; i < holders.size(); ++i) {
+    const int q = holders[i];
+    require(q >= 0 && q < s.ranks, "expert_ranks[" + std::to_string(i) + "]=" + std::to_string(q) +
+                                       " is out of range [0, " + std::to_string(s.ranks) + ") of " +
+                                       s.axis.name());
+    require(!seen[q], "expert_ranks: rank " + std::to_string(q) + " appears twice");
+    seen[q] = true;
+  }
+  const int nholders = int(holders.size());
+  require(o.experts % nholders == 0, "experts=" + std::to_string(o.experts) +
+                                         " does not divide by the " + std::to_string(nholders) +
+                                         (o.expert_ranks.empty() ? " ranks of " + s.axis.name()
+                                                                 : std::string(" expert_ranks")));
   require(o.topk >= 1, "topk=" + std::to_string(o.topk) + " must be at least 1");
   require(o.topk <= o.experts, "topk=" + std::to_string(o.topk) +
                                    " is larger than experts=" + std::to_string(o.experts));
@@ -441,13 +465,19 @@ MoeDispatcher::MoeDispatcher(const Axis& ep, MoeOptions options)
   require(std::isfinite(o.capacity_factor) && o.capacity_factor >= 0,
           "capacity_factor=" + std::to_string(o.capacity_factor) + " must be >= 0");
   require(!o.pad || o.capacity_factor > 0, "pad needs a capacity_factor > 0");
-  s.local = o.experts / s.ranks;
+  require(!o.pad || o.max_tokens != 0 || o.expert_ranks.empty(),
+          "pad with expert_ranks needs max_tokens: the pad is sized from the tokens of a "
+          "source, and the expert ranks dispatch none");
+  s.local = o.experts / nholders;
   s.k = size_t(o.topk);
   s.h = o.hidden;
-  for (int q = 0; q < s.ranks; ++q) {
-    s.peer_of_rank.push_back(q);
+  for (int q = 0; q < nholders; ++q) {
+    s.peer_of_rank.push_back(holders[q]);
     s.shift.push_back(q * s.local);
+    if (holders[q] == s.rank) s.own = s.local, s.first = q * s.local;
   }
+  s.holds = seen;
+  s.receives.assign(s.ranks, s.own > 0);
 }
 
 MoeDispatcher::~MoeDispatcher() = default;
@@ -455,10 +485,10 @@ MoeDispatcher::MoeDispatcher(MoeDispatcher&&) noexcept = default;
 MoeDispatcher& MoeDispatcher::operator=(MoeDispatcher&&) noexcept = default;
 
 int MoeDispatcher::local_experts() const {
-  return state_->local;
+  return state_->own;
 }
 int MoeDispatcher::first_expert() const {
-  return state_->rank * state_->local;
+  return state_->first;
 }
 const Axis& MoeDispatcher::axis() const {
   return state_->axis;
@@ -600,6 +630,9 @@ HierMoeDispatcher::HierMoeDispatcher(const Axis& ep, MoeOptions options, std::ve
   require(!options.pad, "pad is not offered by the hierarchical dispatcher");
   require(options.max_tokens == 0,
           "max_tokens (count-sync-free) is not offered by the hierarchical dispatcher");
+  require(options.expert_ranks.empty(),
+          "expert_ranks (attention-FFN disaggregation) is not offered by the hierarchical "
+          "dispatcher");
   require(int(nodes.size()) == ep.size(), "nodes has " + std::to_string(nodes.size()) +
                                               " entries for the " + std::to_string(ep.size()) +
                                               " ranks of " + ep.name());

@@ -40,7 +40,18 @@ struct Case {
   bool pad = false;
   bool sync_free = false;
   bool uneven_tokens = false;
+  // Attention → FFN disaggregation: the last ffn_ranks ranks hold every expert
+  // and dispatch no tokens (0: every rank holds experts and has tokens).
+  int ffn_ranks = 0;
 };
+
+int expert_holders(const Case& c, int ranks) {
+  return c.ffn_ranks > 0 ? c.ffn_ranks : ranks;
+}
+// rank may carry an expert-DP group offset (100 · group).
+bool ffn_only(const Case& c, int ranks, int rank) {
+  return c.ffn_ranks > 0 && rank % 100 >= ranks - c.ffn_ranks;
+}
 
 struct RankData {
   size_t tokens = 0;
@@ -55,6 +66,7 @@ uint64_t mix(uint64_t a, uint64_t b) {
 }
 
 size_t tokens_of(const Case& c, int ranks, int rank) {
+  if (ffn_only(c, ranks, rank)) return 0;
   if (c.route == Route::balanced) return size_t(2 * ranks);
   return c.uneven_tokens ? size_t((rank * 5) % 7) : 10;  // rank 0: none
 }
@@ -62,7 +74,7 @@ size_t tokens_of(const Case& c, int ranks, int rank) {
 // Rank r's tokens, routing and output gradient, from (case, r) alone.
 RankData make_rank(const Case& c, int ranks, int rank) {
   RankData d;
-  const int experts = c.experts_per_rank * ranks;
+  const int experts = c.experts_per_rank * expert_holders(c, ranks);
   const size_t k = size_t(c.topk);
   d.tokens = tokens_of(c, ranks, rank);
   d.x = random_floats(d.tokens * kHidden, 10 + rank);
@@ -137,7 +149,9 @@ MoeOptions options_of(const Case& c, int ranks) {
   for (int r = 0; r < ranks; ++r) bound = std::max(bound, tokens_of(c, ranks, r));
   bound = std::max<size_t>(bound, 1);  // 0 would mean "exchange counts"
   MoeOptions options;
-  options.experts = c.experts_per_rank * ranks;
+  options.experts = c.experts_per_rank * expert_holders(c, ranks);
+  for (int r = ranks - c.ffn_ranks; c.ffn_ranks > 0 && r < ranks; ++r)
+    options.expert_ranks.push_back(r);
   options.topk = c.topk;
   options.hidden = kHidden;
   options.capacity_factor = c.capacity;
@@ -166,9 +180,14 @@ std::vector<std::vector<float>> check_case(Dispatcher& dispatcher, const Case& c
                                            int groups = 1) {
   const Axis& ep = dispatcher.axis();
   const int ranks = ep.size(), rank = ep.rank();
-  const int experts = c.experts_per_rank * ranks;
+  const int experts = c.experts_per_rank * expert_holders(c, ranks);
   const size_t k = size_t(c.topk), h = kHidden;
-  EXPECT_EQ(dispatcher.local_experts(), c.experts_per_rank);
+  const bool holds = c.ffn_ranks == 0 || ffn_only(c, ranks, rank);
+  const int local = holds ? c.experts_per_rank : 0;
+  EXPECT_EQ(dispatcher.local_experts(), local);
+  if (!holds) {
+    EXPECT_EQ(dispatcher.first_expert(), -1);
+  }
   // Each expert-DP replica (group) routes its own tokens.
   auto rank_data = [&](int r) { return make_rank(c, ranks, r + 100 * group_index); };
   const RankData mine = rank_data(rank);
@@ -180,7 +199,7 @@ std::vector<std::vector<float>> check_case(Dispatcher& dispatcher, const Case& c
   EXPECT_EQ(input.size(), rows * h) << what;
 
   // The dense routing of the whole group: what each local expert must receive.
-  std::vector<std::vector<float>> want_rows(c.experts_per_rank);
+  std::vector<std::vector<float>> want_rows(local);
   std::vector<size_t> want_load(experts, 0);
   for (int r = 0; r < ranks; ++r) {
     RankData d = rank_data(r);
@@ -189,12 +208,12 @@ std::vector<std::vector<float>> check_case(Dispatcher& dispatcher, const Case& c
       if (!kept[i]) continue;
       ++want_load[d.index[i]];
       int e = d.index[i] - dispatcher.first_expert();
-      if (e >= 0 && e < c.experts_per_rank)
+      if (local > 0 && e >= 0 && e < local)
         want_rows[e].insert(want_rows[e].end(), d.x.begin() + (i / k) * h,
                             d.x.begin() + (i / k + 1) * h);
     }
   }
-  for (int e = 0; e < c.experts_per_rank; ++e) {
+  for (int e = 0; e < local; ++e) {
     size_t real = want_rows[e].size() / h;
     if (c.pad)
       EXPECT_GE(handle.expert_rows(e), real) << what;
@@ -215,14 +234,14 @@ std::vector<std::vector<float>> check_case(Dispatcher& dispatcher, const Case& c
   const parallel::MoeLoad& load = handle.load();
   EXPECT_EQ(load.global, !c.sync_free) << what;
   for (int g = 0; g < experts; ++g) {
-    bool known = load.global || (g >= dispatcher.first_expert() &&
-                                 g < dispatcher.first_expert() + c.experts_per_rank);
+    bool known =
+        load.global || (g >= dispatcher.first_expert() && g < dispatcher.first_expert() + local);
     EXPECT_EQ(load.expert_tokens[g], known ? want_load[g] : 0) << what << " load of " << g;
   }
 
   // Experts: y = W_g·x per row; pad rows get garbage the combine must ignore.
   std::vector<float> y(rows * h, 0.0f);
-  for (int e = 0; e < c.experts_per_rank; ++e) {
+  for (int e = 0; e < local; ++e) {
     auto w = expert_matrix(dispatcher.first_expert() + e);
     size_t real = want_rows[e].size() / h;
     for (size_t row = 0; row < handle.expert_rows(e); ++row) {
@@ -238,7 +257,7 @@ std::vector<std::vector<float>> check_case(Dispatcher& dispatcher, const Case& c
   size_t dropped = 0;
   for (size_t i = 0; i < kept.size(); ++i) dropped += mine.index[i] >= 0 && !kept[i];
   EXPECT_EQ(load.dropped, dropped) << what;
-  if (std::string(c.name) == "capacity drop" && ranks > 1 && mine.tokens > 0) {
+  if (std::string(c.name) == "capacity drop" && ranks > 1 && mine.tokens > 0 && c.ffn_ranks == 0) {
     EXPECT_GT(dropped, 0u) << what << ": the case must drop";
   }
   std::vector<float> want_out(mine.tokens * h, 0.0f), want_dx(mine.tokens * h, 0.0f),
@@ -265,8 +284,8 @@ std::vector<std::vector<float>> check_case(Dispatcher& dispatcher, const Case& c
 
   std::vector<float> dy(rows * h), d_input(rows * h, 0.0f);
   dispatcher.combine_backward(handle, mine.dout, dy);
-  std::vector<std::vector<float>> dweights(c.experts_per_rank, std::vector<float>(h * h, 0.0f));
-  for (int e = 0; e < c.experts_per_rank; ++e) {
+  std::vector<std::vector<float>> dweights(local, std::vector<float>(h * h, 0.0f));
+  for (int e = 0; e < local; ++e) {
     auto w = expert_matrix(dispatcher.first_expert() + e);
     for (size_t row = 0; row < handle.expert_rows(e); ++row) {
       size_t at = handle.expert_offset(e) + row;
@@ -284,7 +303,7 @@ std::vector<std::vector<float>> check_case(Dispatcher& dispatcher, const Case& c
 
   // Dense expert weight gradients over every rank of every group:
   // dW_g = Σ weight · dout·xᵀ over the kept pairs routed to g.
-  for (int e = 0; e < c.experts_per_rank; ++e) {
+  for (int e = 0; e < local; ++e) {
     int g = dispatcher.first_expert() + e;
     std::vector<double> want(h * h, 0.0);
     for (int gi = 0; gi < groups; ++gi)
@@ -357,6 +376,45 @@ TEST_P(Ep, DispatchAndCombineMatchTheDenseComputation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Ep, ::testing::Values(1, 2, 3, 4, 8));
+
+// Attention → FFN disaggregation: the attention ranks hand their tokens to
+// experts held only by the FFN ranks (1, half, or all but one of the ranks),
+// which dispatch nothing themselves, and get the combined outputs back, as
+// the dense computation gives them; backward too.
+class EpAttentionFfn : public ::testing::TestWithParam<int> {};
+
+TEST_P(EpAttentionFfn, AttentionRanksHandTokensToExpertsOnFfnRanks) {
+  run_ranks(GetParam(), [](const RankContext& context) {
+    weft::Comm world = world_of(context);
+    parallel::Mesh mesh = expert_mesh(world, world.size());
+    parallel::Ledger ledger;
+    Axis ep = Axis::expert(mesh, "ep", &ledger);
+    const int ranks = world.size();
+    std::vector<int> splits = {1, ranks / 2, ranks - 1};
+    std::sort(splits.begin(), splits.end());
+    splits.erase(std::unique(splits.begin(), splits.end()), splits.end());
+    for (int ffn : splits) {
+      ledger.clear();
+      for (Case c : kCases) {
+        c.ffn_ranks = ffn;
+        if (c.topk > c.experts_per_rank * ffn || (c.pad && !c.sync_free)) continue;
+        std::string what = std::string(c.name) + ", " + std::to_string(ffn) + " FFN ranks";
+        expect_weight_grads(run_case(ep, c), what + " dW");
+      }
+      // Rows go attention → FFN and come back FFN → attention only.
+      std::map<std::string, size_t> sent;
+      for (const auto& e : ledger.entries()) sent[e.pattern] += e.bytes_sent;
+      const bool attention = world.rank() < ranks - ffn;
+      EXPECT_EQ(sent["ep.combine"] == 0, attention) << ffn << " FFN ranks";
+      EXPECT_EQ(sent["ep.dispatch_backward"] == 0, attention) << ffn << " FFN ranks";
+      if (attention) {
+        EXPECT_GT(sent["ep.dispatch"], 0u) << ffn << " FFN ranks";
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EpAttentionFfn, ::testing::Values(2, 3, 4, 8));
 
 // Balanced routing (k distinct ranks per token, every rank the same share):
 // each AllToAllv sends b·s·k·(1 − 1/EP)·h·4 bytes of rows, the closed form.
@@ -431,6 +489,19 @@ TEST(EpErrors, BadInputIsNamed) {
     expect_error(make([](MoeOptions& o) { o.hidden = 0; }), "hidden=0");
     expect_error(make([](MoeOptions& o) { o.capacity_factor = -1; }), "capacity_factor=");
     expect_error(make([](MoeOptions& o) { o.pad = true; }), "pad needs a capacity_factor");
+    expect_error(make([](MoeOptions& o) { o.expert_ranks = {2}; }),
+                 "expert_ranks[0]=2 is out of range [0, 2)");
+    expect_error(make([](MoeOptions& o) {
+                   o.expert_ranks = {1, 1};
+                 }),
+                 "expert_ranks: rank 1 appears twice");
+    expect_error(make([](MoeOptions& o) {
+                   o.experts = 3, o.topk = 1, o.expert_ranks = {0, 1};
+                 }),
+                 "experts=3 does not divide by the 2 expert_ranks");
+    expect_error(
+        make([](MoeOptions& o) { o.expert_ranks = {1}, o.capacity_factor = 1, o.pad = true; }),
+        "pad with expert_ranks needs max_tokens");
 
     MoeOptions o;
     o.experts = 4, o.topk = 2, o.hidden = 3, o.max_tokens = 2;

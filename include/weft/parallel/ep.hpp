@@ -43,6 +43,12 @@ struct MoeOptions {
   // peer) and no counts are exchanged before the transfer; the receiver reads
   // its counts from the records. 0: counts are exchanged (one AllGather).
   size_t max_tokens = 0;
+  // Attention → FFN disaggregation (AF): the ranks of the axis that hold the
+  // experts, in expert order (global expert g on expert_ranks[g / (experts /
+  // expert_ranks.size())]); the others hold none and only send tokens (an
+  // expert rank with no tokens of its own dispatches 0). Empty: every rank,
+  // in axis order.
+  std::vector<int> expert_ranks;
 };
 
 // Routing load of one dispatch.
@@ -102,8 +108,8 @@ class MoeDispatcher {
   MoeDispatcher(MoeDispatcher&&) noexcept;
   MoeDispatcher& operator=(MoeDispatcher&&) noexcept;
 
-  int local_experts() const;
-  int first_expert() const;  // this rank's local expert 0
+  int local_experts() const;  // 0 on a rank outside MoeOptions::expert_ranks
+  int first_expert() const;   // this rank's local expert 0 (-1 without experts)
   const Axis& axis() const;
 
   // x [tokens, hidden]; topk_index, topk_weight [tokens, topk]: global
