@@ -131,6 +131,8 @@ Blob encode_calls(const std::vector<CallRecord>& calls) {
     writer.put(call.sequence);
     writer.put(call.fingerprint);
     writer.put_string(call.text);
+    writer.put<uint32_t>(static_cast<uint32_t>(call.counts.size()));
+    for (uint64_t count : call.counts) writer.put(count);
   }
   return std::move(writer.data());
 }
@@ -140,11 +142,46 @@ bool decode_calls(const Blob& payload, std::vector<CallRecord>* out) {
   uint32_t count = 0;
   if (!reader.get(&count) || count > kMaxCallRecords) return false;
   out->assign(count, CallRecord{});
-  for (CallRecord& call : *out)
+  for (CallRecord& call : *out) {
+    uint32_t counts = 0;
     if (!reader.get(&call.sequence) || !reader.get(&call.fingerprint) ||
-        !reader.get_string(&call.text))
+        !reader.get_string(&call.text) || !reader.get(&counts) || counts % 2 != 0 ||
+        counts > 2 * kMaxCountedRanks)
       return false;
+    call.counts.assign(counts, 0);
+    for (uint64_t& count : call.counts)
+      if (!reader.get(&count)) return false;
+  }
   return true;
+}
+
+std::string describe_count_mismatch(int from, int to, uint64_t sends, uint64_t receives,
+                                    uint64_t sequence) {
+  return "mismatched alltoallv counts: rank " + std::to_string(from) + " sends " +
+         std::to_string(sends) + " elements to rank " + std::to_string(to) + " while rank " +
+         std::to_string(to) + " receives " + std::to_string(receives) + " from rank " +
+         std::to_string(from) + ", sequence " + std::to_string(sequence);
+}
+
+void CallComparison::add_row(int rank, uint64_t sequence, const std::vector<uint64_t>& counts) {
+  const size_t n = counts.size() / 2;
+  if (static_cast<size_t>(rank) >= n) return;  // a row of another communicator size
+  std::map<int, std::vector<uint64_t>>& rows = rows_[sequence];
+  if (!rows.try_emplace(rank, counts).second) return;
+  auto note = [&](int from, int to, uint64_t sends, uint64_t receives) {
+    if (sends == receives) return;
+    auto [it, added] =
+        count_mismatches_.try_emplace(sequence, CountPair{from, to, sends, receives});
+    if (!added && std::pair(from, to) < std::pair(it->second.from, it->second.to))
+      it->second = CountPair{from, to, sends, receives};
+  };
+  const size_t me = static_cast<size_t>(rank);
+  for (const auto& [q, row] : rows) {
+    if (q == rank || row.size() != counts.size()) continue;
+    const size_t peer = static_cast<size_t>(q);
+    note(rank, q, counts[peer], row[n + me]);
+    note(q, rank, row[me], counts[n + peer]);
+  }
 }
 
 void CallComparison::add(int rank, const std::vector<CallRecord>& calls) {
@@ -153,16 +190,26 @@ void CallComparison::add(int rank, const std::vector<CallRecord>& calls) {
     auto [it, added] = callers.try_emplace(call.fingerprint, Caller{rank, call.text});
     if (!added && rank < it->second.rank) it->second = Caller{rank, call.text};
     if (callers.size() > 1) disagreeing_.insert(call.sequence);
+    if (!call.counts.empty()) add_row(rank, call.sequence, call.counts);
   }
   while (by_sequence_.size() > kKeptSequences) {
-    disagreeing_.erase(by_sequence_.begin()->first);
+    const uint64_t oldest = by_sequence_.begin()->first;
+    disagreeing_.erase(oldest);
+    rows_.erase(oldest);
+    count_mismatches_.erase(oldest);
     by_sequence_.erase(by_sequence_.begin());
   }
 }
 
 std::string CallComparison::mismatch() const {
+  // The lowest sequence that disagrees; different calls before different counts.
+  const uint64_t calls = disagreeing_.empty() ? UINT64_MAX : *disagreeing_.begin();
+  if (!count_mismatches_.empty() && count_mismatches_.begin()->first < calls) {
+    const auto& [sequence, pair] = *count_mismatches_.begin();
+    return describe_count_mismatch(pair.from, pair.to, pair.sends, pair.receives, sequence);
+  }
   if (disagreeing_.empty()) return "";
-  const uint64_t sequence = *disagreeing_.begin();
+  const uint64_t sequence = calls;
   const std::map<uint64_t, Caller>& callers = by_sequence_.at(sequence);
   auto lowest = [](const auto& a, const auto& b) { return a.second.rank < b.second.rank; };
   const auto first = std::min_element(callers.begin(), callers.end(), lowest);

@@ -115,15 +115,27 @@ struct CallRecord {
   uint64_t sequence = 0;
   uint64_t fingerprint = 0;  // equal for calls every rank must make alike
   std::string text;          // "allreduce(count=1000, float, sum)"
+  // AllToAllv: this rank's send counts then receive counts, nranks each (empty for other
+  // collectives, and on communicators above kMaxCountedRanks ranks).
+  std::vector<uint64_t> counts;
   friend bool operator==(const CallRecord&, const CallRecord&) = default;
 };
-// At most this many records per report.
+// At most this many records per report, and count rows only up to this many ranks (a
+// report then holds at most 64 · 2 · 1024 counts: 1 MiB).
 inline constexpr size_t kMaxCallRecords = 64;
+inline constexpr size_t kMaxCountedRanks = 1024;
+// "mismatched alltoallv counts: rank 0 sends 3 elements to rank 1 while rank 1 receives 5
+// from rank 0, sequence 1": what every rank fails with when AllToAllv's count matrix
+// disagrees (the direct path's announcements or the root's reports).
+std::string describe_count_mismatch(int from, int to, uint64_t sends, uint64_t receives,
+                                    uint64_t sequence);
 Blob encode_calls(const std::vector<CallRecord>& calls);
 bool decode_calls(const Blob& payload, std::vector<CallRecord>* out);
-// What the root compares: every call the ranks reported, by sequence. A record stays true
-// once reported (rank r made that call), so reports only add; the oldest sequences are
-// forgotten beyond kKeptSequences. Each report costs O(records · log sequences).
+// What the root compares: every call the ranks reported, by sequence, and AllToAllv's count
+// rows (what rank i sends to j against what j receives from i, for every pair of ranks that
+// reported the call). A record stays true once reported (rank r made that call), so reports
+// only add; the oldest sequences are forgotten beyond kKeptSequences. Each report costs
+// O(records · log sequences), plus O(ranks reported) per AllToAllv row.
 class CallComparison {
  public:
   void add(int rank, const std::vector<CallRecord>& calls);
@@ -141,6 +153,15 @@ class CallComparison {
   // sequence -> fingerprint -> the lowest rank that reported it.
   std::map<uint64_t, std::map<uint64_t, Caller>> by_sequence_;
   std::set<uint64_t> disagreeing_;
+  // AllToAllv: sequence -> rank -> its count row; sequence -> the first disagreeing pair
+  // (from, to) in that order, with what from sends and to receives.
+  struct CountPair {
+    int from, to;
+    uint64_t sends, receives;
+  };
+  std::map<uint64_t, std::map<int, std::vector<uint64_t>>> rows_;
+  std::map<uint64_t, CountPair> count_mismatches_;
+  void add_row(int rank, uint64_t sequence, const std::vector<uint64_t>& counts);
 };
 
 }  // namespace weft

@@ -9,6 +9,7 @@
 #include "common/dtype.h"
 #include "common/env.h"
 #include "common/log.h"
+#include "core/bootstrap_protocol.h"
 #include "core/cuda/driver.h"
 #include "core/group.h"
 #include "core/tuner.h"
@@ -221,11 +222,14 @@ void describe_job(const Communicator& comm, const CollectiveCall& call, const al
   }
 }
 
-// AllToAllv's counts as every rank announces them (its row and column of the count
-// matrix), kept by the batch: the caller's arrays may change once the call returns.
+// AllToAllv's counts as every rank announces or reports them (its row and column of the
+// count matrix), kept by the batch: the caller's arrays may change once the call returns.
 void keep_alltoallv_counts(const Communicator& comm, const CollectiveCall& call, JobBatch& batch,
                            Job* job) {
-  if (!comm.direct()->shared() || comm.direct()->check() == CheckMode::Off) return;
+  // Announced on a shared node, reported to the root without one.
+  if ((!comm.direct()->shared() || comm.direct()->check() == CheckMode::Off) &&
+      !comm.reports_calls())
+    return;
   const size_t n = static_cast<size_t>(comm.nranks());
   auto counts = std::make_shared<std::vector<uint64_t>>(call.send_counts, call.send_counts + n);
   counts->insert(counts->end(), call.recv_counts, call.recv_counts + n);
@@ -234,9 +238,11 @@ void keep_alltoallv_counts(const Communicator& comm, const CollectiveCall& call,
 }
 
 // Hierarchical AllToAllv relays pieces for other ranks, so it needs every
-// rank's send counts: the job first allgathers them (Bruck, n counts per
-// rank), then runs the schedule built from the gathered matrix (per call,
-// not cached: counts vary).
+// rank's send counts: the job first allgathers them with the receive counts
+// (Bruck, 2n counts per rank), then runs the schedule built from the gathered
+// matrix (per call, not cached: counts vary). With the whole matrix on every
+// rank, every rank checks it alike: a disagreement fails them all with the
+// same message, whether or not their ranks share a node.
 class HierAllToAllv final : public JobStage {
  public:
   // Takes over `job`, set up for the exchange, to gather the counts first.
@@ -269,7 +275,7 @@ class HierAllToAllv final : public JobStage {
     gather.algorithm = algo::Algorithm::Bruck;
     gather.nranks = params.nranks;
     gather.rank = params.rank;
-    gather.count = n;
+    gather.count = 2 * n;
     WEFT_RETURN_IF_ERROR(comm.programs().get(gather, &gather_));
     if (gather_->max_messages_per_peer > kSecondStageMessages)
       return Error(weftInternalError, "alltoallv: the count exchange needs %u messages per peer",
@@ -278,14 +284,28 @@ class HierAllToAllv final : public JobStage {
     output_ = job->output;
     element_size_ = job->math.element_size;
     job->program = gather_.get();
-    job->input = reinterpret_cast<std::byte*>(send_counts_.data());
-    job->output = reinterpret_cast<std::byte*>(matrix_.data());
+    mine_ = send_counts_;
+    mine_.insert(mine_.end(), recv_counts_.begin(), recv_counts_.end());
+    rows_.assign(2 * n * n, 0);
+    job->input = reinterpret_cast<std::byte*>(mine_.data());
+    job->output = reinterpret_cast<std::byte*>(rows_.data());
     job->math.element_size = sizeof(uint64_t);
     job->next_stage = this;
     return Status::Ok();
   }
 
   Status next(Job* job, std::byte** scratch) override {
+    const size_t n = static_cast<size_t>(params_.nranks);
+    for (size_t from = 0; from < n; ++from)
+      for (size_t to = 0; to < n; ++to) {
+        const uint64_t sends = rows_[from * 2 * n + to], receives = rows_[to * 2 * n + n + from];
+        if (sends != receives)
+          return Error(weftInvalidUsage, "%s",
+                       describe_count_mismatch(static_cast<int>(from), static_cast<int>(to), sends,
+                                               receives, job->sequence)
+                           .c_str());
+        matrix_[from * n + to] = sends;
+      }
     WEFT_RETURN_IF_ERROR(build_program(params_, &exchange_));
     if (exchange_->max_messages_per_peer > kMaxMessagesPerPeer - kSecondStageMessages)
       return Error(weftInvalidArgument,
@@ -305,7 +325,9 @@ class HierAllToAllv final : public JobStage {
 
  private:
   algo::Params params_;
-  std::vector<uint64_t> send_counts_, send_displs_, recv_counts_, recv_displs_, matrix_;
+  // mine_: this rank's send then receive counts; rows_: every rank's, as gathered.
+  std::vector<uint64_t> send_counts_, send_displs_, recv_counts_, recv_displs_, matrix_, mine_,
+      rows_;
   std::shared_ptr<const CompiledProgram> gather_, exchange_;
   std::vector<std::byte> scratch_;
   std::byte* input_ = nullptr;

@@ -333,9 +333,17 @@ Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, uint64
   return transport_->post_recv(make_tag(peer, kind, sequence, salt), data, bytes, op->request);
 }
 
-void Communicator::record_call(uint64_t sequence, const CallShape& shape) {
+void Communicator::record_call(uint64_t sequence, const CallShape& shape,
+                               const uint64_t* alltoallv_counts) {
   std::lock_guard<std::mutex> lock(calls_mutex_);
-  recent_calls_[sequence % recent_calls_.size()] = RecordedCall{sequence, shape};
+  RecordedCall& call = recent_calls_[sequence % recent_calls_.size()];
+  call.sequence = sequence;
+  call.shape = shape;
+  const size_t n = static_cast<size_t>(nranks_);
+  if (alltoallv_counts != nullptr && n <= kMaxCountedRanks)
+    call.counts.assign(alltoallv_counts, alltoallv_counts + 2 * n);  // keeps its capacity
+  else
+    call.counts.clear();
 }
 
 void Communicator::note_progress() {
@@ -359,7 +367,8 @@ void Communicator::note_waiting(uint64_t sequence) {
     reported_sequence_ = sequence;
     for (const RecordedCall& call : recent_calls_)
       if (call.sequence != UINT64_MAX)
-        calls.push_back({call.sequence, call_fingerprint(call.shape), describe_call(call.shape)});
+        calls.push_back(
+            {call.sequence, call_fingerprint(call.shape), describe_call(call.shape), call.counts});
   }
   WEFT_LOG(INFO, COLL, "rank %d: collective %llu waits for %lld ms: its calls go to the root",
            rank_, static_cast<unsigned long long>(sequence), static_cast<long long>(kCallReportMs));
@@ -543,8 +552,13 @@ void Communicator::abort() {
 void Communicator::revoke() {
   const std::string message = "rank " + std::to_string(rank_) + " revoked the communicator";
   // The control plane stays: peers learn of it through the root, and shrink needs it.
-  if (record_failure(weftRemoteError, message) && bootstrap_) bootstrap_->report_failure(message);
+  fail_everywhere(weftRemoteError, message);
   close_endpoints();
+}
+
+void Communicator::fail_everywhere(weftResult_t code, const std::string& message) {
+  // A report naming nobody it waited for: the root passes it to every other rank.
+  if (record_failure(code, message) && bootstrap_) bootstrap_->report_failure(message);
 }
 
 void Communicator::close_endpoints() {
@@ -589,7 +603,11 @@ Status complete_status(const PendingOp& op) {
                    "counts or datatypes)",
                    op.peer, op.request->info.length, op.comm->rank(), op.request->expected_bytes);
   if (status.ok()) return status;
-  op.comm->fail(status.code(), status.message());
+  // A size only the receiver sees: the peers would wait for it.
+  if (status.code() == weftInvalidUsage)
+    op.comm->fail_everywhere(status.code(), status.message());
+  else
+    op.comm->fail(status.code(), status.message());
   return op.comm->failure();  // the verdict, which may name a dead peer behind a broken transfer
 }
 

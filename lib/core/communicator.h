@@ -105,6 +105,10 @@ class Communicator {
   // (the report that waits for a rank which reported nothing) is awaited
   // briefly, and becomes this communicator's failure.
   void fail(weftResult_t code, const std::string& message);
+  // Fails the communicator here and, through the bootstrap root, on every peer (weftRemoteError
+  // there, with the same message): for a failure only this rank can see that leaves its
+  // peers waiting for it (a revoke, a message of the wrong size).
+  void fail_everywhere(weftResult_t code, const std::string& message);
   // Why the communicator failed (Ok if it did not).
   Status failure() const;
 
@@ -153,7 +157,8 @@ class Communicator {
   // has waited kCallReportMs reports the latest ones to the bootstrap root, which compares
   // the ranks' reports and fails every rank at the first disagreement.
   bool reports_calls() const { return reports_calls_; }
-  void record_call(uint64_t sequence, const CallShape& shape);
+  // alltoallv_counts: an AllToAllv's send then receive counts (nranks each), else null.
+  void record_call(uint64_t sequence, const CallShape& shape, const uint64_t* alltoallv_counts);
   // The oldest call of this rank waits for `sequence` (called while idle): it reports once it
   // waited kCallReportMs with no progress since (note_progress).
   void note_waiting(uint64_t sequence);
@@ -234,6 +239,7 @@ class Communicator {
   struct RecordedCall {
     uint64_t sequence = UINT64_MAX;  // none yet
     CallShape shape;
+    std::vector<uint64_t> counts;  // AllToAllv's (up to kMaxCountedRanks ranks)
   };
   std::array<RecordedCall, 8> recent_calls_;
   std::atomic<uint64_t> waiting_sequence_{UINT64_MAX};  // also reset without the lock

@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/env.h"
 #include "common/log.h"
+#include "core/bootstrap_protocol.h"
 #include "core/executor.h"
 #include "transports/shm/cma.h"
 
@@ -572,10 +573,7 @@ std::string DirectState::count_mismatch(uint64_t sequence, uint64_t shape) const
       std::optional<uint64_t> sends = announced_word(from, sequence, kSlotCounts + to);
       std::optional<uint64_t> receives = announced_word(to, sequence, kSlotCounts + n + from);
       if (!sends || !receives || *sends == *receives) continue;
-      return "mismatched alltoallv counts: rank " + std::to_string(from) + " sends " +
-             std::to_string(*sends) + " elements to rank " + std::to_string(to) + " while rank " +
-             std::to_string(to) + " receives " + std::to_string(*receives) + " from rank " +
-             std::to_string(from) + ", sequence " + std::to_string(sequence);
+      return describe_count_mismatch(from, to, *sends, *receives, sequence);
     }
   }
   return "";

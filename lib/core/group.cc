@@ -43,7 +43,8 @@ void assign_collective_sequence(Job& job) {
   job.comm->note_launch(job.what);
   DirectState& direct = *job.comm->direct();
   if (direct.shared() && direct.check() != CheckMode::Off) direct.announce(job);
-  if (job.comm->reports_calls()) job.comm->record_call(job.sequence, job.shape);
+  if (job.comm->reports_calls())
+    job.comm->record_call(job.sequence, job.shape, job.alltoallv_counts);
 }
 
 void assign_sequences(JobBatch& batch) {

@@ -68,9 +68,44 @@ TEST(CallRecords, ReportsOnlyAddAndOldSequencesAreForgotten) {
   EXPECT_EQ(comparison.mismatch(), "");
 }
 
+// AllToAllv rows: send counts then receive counts, 3 ranks; pair (i, j) sends 1 + i + 2j.
+CallRecord alltoallv(uint64_t sequence, int rank, int lie_to = -1, uint64_t lie = 0) {
+  CallRecord record = call(sequence, 42, "alltoallv(int32)");
+  for (int q = 0; q < 3; ++q) record.counts.push_back(q == lie_to ? lie : 1 + rank + 2 * q);
+  for (int q = 0; q < 3; ++q) record.counts.push_back(1 + q + 2 * rank);
+  return record;
+}
+
+TEST(CallRecords, AllToAllvRowsAreComparedPairByPair) {
+  // Consistent rows, whatever order they come in: no mismatch.
+  EXPECT_EQ(find_call_mismatch({{alltoallv(3, 0)}, {alltoallv(3, 1)}, {alltoallv(3, 2)}}), "");
+  // Rank 2 sends 0 to rank 1, which receives 1 + 2 + 2 = 5 from it: found as soon as both
+  // rows are in, rank 0's report not needed.
+  EXPECT_EQ(find_call_mismatch({{}, {alltoallv(3, 1)}, {alltoallv(3, 2, 1, 0)}}),
+            "mismatched alltoallv counts: rank 2 sends 0 elements to rank 1 while rank 1 "
+            "receives 5 from rank 2, sequence 3");
+  // Several disagreeing pairs: the first in (from, to) order, whoever reported first.
+  CallComparison comparison;
+  comparison.add(2, {alltoallv(4, 2, 0, 9)});
+  comparison.add(1, {alltoallv(4, 1, 2, 9)});
+  EXPECT_EQ(comparison.mismatch(),
+            "mismatched alltoallv counts: rank 1 sends 9 elements to rank 2 while rank 2 "
+            "receives 6 from rank 1, sequence 4");
+  comparison.add(0, {alltoallv(4, 0)});
+  EXPECT_EQ(comparison.mismatch(),
+            "mismatched alltoallv counts: rank 1 sends 9 elements to rank 2 while rank 2 "
+            "receives 6 from rank 1, sequence 4");
+  // A different call at a sequence comes before different counts at a later one.
+  comparison.add(0, {call(2, 1, "allreduce(count=1)")});
+  comparison.add(1, {call(2, 2, "allreduce(count=2)")});
+  EXPECT_EQ(comparison.mismatch(),
+            "mismatched collectives: rank 1 called allreduce(count=2) while rank 0 called "
+            "allreduce(count=1), sequence 2");
+}
+
 TEST(CallRecords, RoundTripAndBounds) {
   const std::vector<CallRecord> calls = {call(1, 0xfeed, "allreduce(count=3, float, sum)"),
-                                         call(2, 0, "")};
+                                         call(2, 0, ""), alltoallv(3, 1)};
   std::vector<CallRecord> back;
   ASSERT_TRUE(decode_calls(encode_calls(calls), &back));
   EXPECT_EQ(back, calls);
@@ -79,6 +114,15 @@ TEST(CallRecords, RoundTripAndBounds) {
   EXPECT_FALSE(decode_calls(truncated, &back));
   EXPECT_FALSE(decode_calls(encode_calls(std::vector<CallRecord>(kMaxCallRecords + 1)), &back));
   EXPECT_TRUE(decode_calls(encode_calls(std::vector<CallRecord>(kMaxCallRecords)), &back));
+  // Count rows: an even number of counts, at most 2 · kMaxCountedRanks.
+  CallRecord odd = alltoallv(1, 0);
+  odd.counts.pop_back();
+  EXPECT_FALSE(decode_calls(encode_calls({odd}), &back));
+  CallRecord huge = call(1, 0, "");
+  huge.counts.assign(2 * kMaxCountedRanks + 2, 0);
+  EXPECT_FALSE(decode_calls(encode_calls({huge}), &back));
+  huge.counts.resize(2 * kMaxCountedRanks);
+  EXPECT_TRUE(decode_calls(encode_calls({huge}), &back));
 }
 
 }  // namespace

@@ -294,12 +294,19 @@ INSTANTIATE_TEST_SUITE_P(Kinds, MismatchedKind, ::testing::ValuesIn(kind_cases()
                          });
 
 // AllToAllv whose count matrix disagrees: rank 1 expects 5 elements from rank 0, which
-// sends 4. Every rank fails naming both ranks and both counts.
+// sends 3 (or rank 0 sends none of the 3 rank 1 expects). Every rank fails naming both
+// ranks and both counts.
 struct MatrixCase {
   const char* name;
   const char* algorithms;
   bool on_stream = false;
   bool grouped = false;  // after a matching AllReduce in the same group
+  // Without shared segments (as across nodes): the bootstrap root compares the rows.
+  bool no_shm = false;
+  bool zero_sent = false;  // rank 0 sends 0 elements to rank 1, which expects 3
+  // The receiver sees a message of the wrong size first (a schedule of messages, no shared
+  // segments): it fails naming both sizes, and the others with its message.
+  bool size_error = false;
 };
 
 void PrintTo(const MatrixCase& c, std::ostream* out) {
@@ -315,71 +322,88 @@ size_t pair_count(int from, int to) {
 
 TEST_P(AllToAllvMatrix, InconsistentCountsFailEveryRankNamingBoth) {
   const MatrixCase& c = GetParam();
-  run_ranks(kRanks, [&c](const RankContext& context) {
-    weftComm_t comm = init_with(context, c.algorithms);
-    weftStream_t stream = nullptr;
-    if (c.on_stream) {
-      ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
-    }
-    const int me = context.rank;
-    std::vector<size_t> send_counts(kRanks), send_displs(kRanks), recv_counts(kRanks),
-        recv_displs(kRanks);
-    constexpr size_t kBlock = 16;  // room per peer, above every count
-    for (int q = 0; q < kRanks; ++q) {
-      send_counts[q] = pair_count(me, q);
-      recv_counts[q] = pair_count(q, me);
-      send_displs[q] = recv_displs[q] = q * kBlock;
-    }
-    std::vector<int32_t> input(kRanks * kBlock), output(kRanks * kBlock, -1);
-    for (int q = 0; q < kRanks; ++q)
-      for (size_t i = 0; i < kBlock; ++i)
-        input[q * kBlock + i] = me * 1000 + q * 100 + static_cast<int32_t>(i);
-    auto alltoallv = [&] {
-      return weftAllToAllv(input.data(), send_counts.data(), send_displs.data(), output.data(),
-                           recv_counts.data(), recv_displs.data(), weftInt32, comm, stream);
-    };
-    auto finish = [&](weftResult_t result) {
-      return result == weftSuccess && stream != nullptr ? weftStreamSynchronize(stream) : result;
-    };
-    // A consistent matrix first: exact, and no false alarm.
-    ASSERT_EQ(finish(alltoallv()), weftSuccess) << weftGetLastError(comm);
-    for (int q = 0; q < kRanks; ++q)
-      for (size_t i = 0; i < recv_counts[q]; ++i)
-        ASSERT_EQ(output[q * kBlock + i], q * 1000 + me * 100 + static_cast<int32_t>(i))
-            << "from rank " << q << " at " << i;
+  RunOptions options;
+  if (c.no_shm) options.env = {{"WEFT_SHM_DISABLE", "1"}};
+  run_ranks(
+      kRanks,
+      [&c](const RankContext& context) {
+        weftComm_t comm = init_with(context, c.algorithms);
+        weftStream_t stream = nullptr;
+        if (c.on_stream) {
+          ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
+        }
+        const int me = context.rank;
+        std::vector<size_t> send_counts(kRanks), send_displs(kRanks), recv_counts(kRanks),
+            recv_displs(kRanks);
+        constexpr size_t kBlock = 16;  // room per peer, above every count
+        for (int q = 0; q < kRanks; ++q) {
+          send_counts[q] = pair_count(me, q);
+          recv_counts[q] = pair_count(q, me);
+          send_displs[q] = recv_displs[q] = q * kBlock;
+        }
+        std::vector<int32_t> input(kRanks * kBlock), output(kRanks * kBlock, -1);
+        for (int q = 0; q < kRanks; ++q)
+          for (size_t i = 0; i < kBlock; ++i)
+            input[q * kBlock + i] = me * 1000 + q * 100 + static_cast<int32_t>(i);
+        auto alltoallv = [&] {
+          return weftAllToAllv(input.data(), send_counts.data(), send_displs.data(), output.data(),
+                               recv_counts.data(), recv_displs.data(), weftInt32, comm, stream);
+        };
+        auto finish = [&](weftResult_t result) {
+          return result == weftSuccess && stream != nullptr ? weftStreamSynchronize(stream)
+                                                            : result;
+        };
+        // A consistent matrix first: exact, and no false alarm.
+        ASSERT_EQ(finish(alltoallv()), weftSuccess) << weftGetLastError(comm);
+        for (int q = 0; q < kRanks; ++q)
+          for (size_t i = 0; i < recv_counts[q]; ++i)
+            ASSERT_EQ(output[q * kBlock + i], q * 1000 + me * 100 + static_cast<int32_t>(i))
+                << "from rank " << q << " at " << i;
 
-    if (me == 1) recv_counts[0] = 5;  // rank 0 sends pair_count(0, 1) = 3
-    weftResult_t result;
-    uint64_t sequence = 1;
-    std::vector<float> data(64, 1.0f);  // lives until the stream is synchronised below
-    if (c.grouped) {
-      weftGroupStart();
-      weftResult_t first =
-          weftAllReduce(data.data(), data.data(), data.size(), weftFloat32, weftSum, comm, stream);
-      weftResult_t second = alltoallv();
-      weftResult_t end = weftGroupEnd();
-      result = first != weftSuccess ? first : second != weftSuccess ? second : end;
-      sequence = 2;
-    } else {
-      result = alltoallv();
-    }
-    result = finish(result);
-    EXPECT_EQ(result, weftInvalidUsage) << c.name << ": " << weftGetLastError(comm);
-    std::string message = weftGetLastError(comm);
-    const std::string expected =
-        "mismatched alltoallv counts: rank 0 sends 3 elements to rank 1 while rank 1 receives 5 "
-        "from rank 0, sequence " +
-        std::to_string(sequence);
-    EXPECT_NE(message.find(expected), std::string::npos) << message << "\nexpected: " << expected;
-    // The communicator failed with that cause, not with a transfer's size error.
-    EXPECT_NE(weftAllToAllv(input.data(), send_counts.data(), send_displs.data(), output.data(),
-                            recv_counts.data(), recv_displs.data(), weftInt32, comm, nullptr),
-              weftSuccess);
-    message = weftGetLastError(comm);
-    EXPECT_NE(message.find(expected), std::string::npos) << message << "\nexpected: " << expected;
-    if (stream != nullptr) weftStreamDestroy(stream);
-    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
-  });
+        if (c.zero_sent && me == 0) send_counts[1] = 0;   // rank 1 expects pair_count(0, 1) = 3
+        if (!c.zero_sent && me == 1) recv_counts[0] = 5;  // rank 0 sends pair_count(0, 1) = 3
+        weftResult_t result;
+        uint64_t sequence = 1;
+        std::vector<float> data(64, 1.0f);  // lives until the stream is synchronised below
+        if (c.grouped) {
+          weftGroupStart();
+          weftResult_t first = weftAllReduce(data.data(), data.data(), data.size(), weftFloat32,
+                                             weftSum, comm, stream);
+          weftResult_t second = alltoallv();
+          weftResult_t end = weftGroupEnd();
+          result = first != weftSuccess ? first : second != weftSuccess ? second : end;
+          sequence = 2;
+        } else {
+          result = alltoallv();
+        }
+        result = finish(result);
+        // Compared by the root, a rank whose part of the call completed fails at its next call.
+        if (c.no_shm && result == weftSuccess)
+          result = finish(weftAllReduce(data.data(), data.data(), data.size(), weftFloat32, weftSum,
+                                        comm, stream));
+        EXPECT_EQ(result, c.size_error && me != 1 ? weftRemoteError : weftInvalidUsage)
+            << c.name << ": " << weftGetLastError(comm);
+        std::string message = weftGetLastError(comm);
+        const std::string expected =
+            c.size_error
+                ? std::string("rank 0 sent 12 bytes where rank 1's receive expects 20")
+                : std::string("mismatched alltoallv counts: rank 0 sends ") +
+                      (c.zero_sent ? "0" : "3") + " elements to rank 1 while rank 1 receives " +
+                      (c.zero_sent ? "3" : "5") + " from rank 0, sequence " +
+                      std::to_string(sequence);
+        EXPECT_NE(message.find(expected), std::string::npos)
+            << message << "\nexpected: " << expected;
+        // The communicator failed with that cause, not with a transfer's size error.
+        EXPECT_NE(weftAllToAllv(input.data(), send_counts.data(), send_displs.data(), output.data(),
+                                recv_counts.data(), recv_displs.data(), weftInt32, comm, nullptr),
+                  weftSuccess);
+        message = weftGetLastError(comm);
+        EXPECT_NE(message.find(expected), std::string::npos)
+            << message << "\nexpected: " << expected;
+        if (stream != nullptr) weftStreamDestroy(stream);
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+      },
+      options);
 }
 
 // Without shared segments (ranks on several nodes; here WEFT_SHM_DISABLE on one) the calls
@@ -479,11 +503,18 @@ INSTANTIATE_TEST_SUITE_P(
 
 INSTANTIATE_TEST_SUITE_P(
     Paths, AllToAllvMatrix,
-    ::testing::Values(MatrixCase{"direct", "alltoallv:oneshot"},
-                      MatrixCase{"messages", "alltoallv:pairwise"},
-                      MatrixCase{"direct_stream", "alltoallv:oneshot", true},
-                      MatrixCase{"messages_group", "alltoallv:pairwise", false, true},
-                      MatrixCase{"direct_group_stream", "alltoallv:oneshot", true, true}),
+    ::testing::Values(
+        MatrixCase{"direct", "alltoallv:oneshot"}, MatrixCase{"messages", "alltoallv:pairwise"},
+        MatrixCase{"direct_stream", "alltoallv:oneshot", true},
+        MatrixCase{"messages_group", "alltoallv:pairwise", false, true},
+        MatrixCase{"direct_group_stream", "alltoallv:oneshot", true, true},
+        MatrixCase{"no_shm", "", false, false, true},
+        MatrixCase{"no_shm_stream", "", true, false, true},
+        MatrixCase{"no_shm_group", "", false, true, true},
+        MatrixCase{"no_shm_zero_sent", "", false, false, true, true},
+        MatrixCase{"no_shm_pairwise", "alltoallv:pairwise", false, false, true, false, true},
+        MatrixCase{"no_shm_pairwise_zero_sent", "alltoallv:pairwise", false, false, true, true},
+        MatrixCase{"direct_zero_sent", "alltoallv:oneshot", false, false, false, true}),
     [](const ::testing::TestParamInfo<MatrixCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

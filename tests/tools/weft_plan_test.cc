@@ -4,6 +4,7 @@
 // naming the argument with exit status 2; --search ranks what fits and says why the rest
 // does not.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -687,8 +688,10 @@ TEST(PlanSearch, RanksWhatFitsAndSaysWhyTheRestDoesNot) {
       "--cluster " +
       kData + "plan-2x4.json");
   ASSERT_EQ(out.exit_code, 0) << out.out;
-  EXPECT_NE(out.out.find("tp=8 cp=1 ep=1 pp=1 zero=0: tp=8 crosses nodes (4 ranks per node)"),
-            std::string::npos)
+  EXPECT_NE(
+      out.out.find(
+          "tp=8 cp=1 ep=1 pp=1 zero=0 schedule=1f1b v=1: tp=8 crosses nodes (4 ranks per node)"),
+      std::string::npos)
       << out.out;
   EXPECT_NE(out.out.find("layers=6 do not divide by pp·virtual=4"), std::string::npos) << out.out;
   EXPECT_NE(out.out.find("does not fit:"), std::string::npos) << out.out;
@@ -703,6 +706,37 @@ TEST(PlanSearch, RanksWhatFitsAndSaysWhyTheRestDoesNot) {
   }
   ASSERT_FALSE(steps.empty()) << out.out;
   for (size_t i = 1; i < steps.size(); ++i) EXPECT_LE(steps[i - 1], steps[i]);
+}
+
+// The search varies what a user would: ZeRO 0-3, HSDP for ZeRO-3 (shard groups inside a
+// node), and the pipeline schedule; every one of them is planned and ranked.
+TEST(PlanSearch, TriesZeroTwoHsdpAndEverySchedule) {
+  const Outcome out = weft_plan(
+      "--layers 8 --hidden 1024 --heads 16 --kv-heads 8 --ffn 4096 --vocab 32000 --train 16,1,2048 "
+      "--search --top 1000 --memory-gb 1000 --cluster " +
+      kData + "plan-2x4.json");
+  ASSERT_EQ(out.exit_code, 0) << out.out;
+  const std::regex row("^ +[0-9]+ (tp=.*v=[0-9]+) +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+% +[0-9.]+$");
+  std::vector<std::string> meshes;
+  size_t from = 0;
+  for (size_t nl; (nl = out.out.find('\n', from)) != std::string::npos; from = nl + 1) {
+    std::smatch m;
+    const std::string line = out.out.substr(from, nl - from);
+    if (std::regex_match(line, m, row)) meshes.push_back(m[1]);
+  }
+  auto count = [&](const std::string& part) {
+    return std::count_if(meshes.begin(), meshes.end(),
+                         [&](const std::string& m) { return m.find(part) != std::string::npos; });
+  };
+  EXPECT_GT(count(" zero=2 "), 0) << out.out;
+  EXPECT_GT(count(" hsdp=2 "), 0) << out.out;  // 8 ranks, 4 per node: replicas across the 2
+  EXPECT_GT(count("schedule=zb v=1"), 0) << out.out;
+  EXPECT_GT(count("schedule=interleaved v=2"), 0) << out.out;
+  EXPECT_GT(count("schedule=1f1b v=1"), 0) << out.out;
+  // No mesh twice.
+  std::vector<std::string> sorted = meshes;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end()) << out.out;
 }
 
 }  // namespace

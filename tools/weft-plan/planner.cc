@@ -779,6 +779,32 @@ Result plan(const Options& input, const topo::Cluster& cluster, Predictor* predi
   return r;
 }
 
+namespace {
+
+// The pipeline schedules the search tries at pp stages: 1F1B; with pp > 1 also zero-bubble
+// (ZB-H1) and interleaved 1F1B with 2 chunks per rank when the layers split that finely.
+// GPipe is left out: the same bubble as 1F1B with more activations in flight.
+std::vector<std::pair<std::string, int>> schedules_for(int pp, int layers) {
+  std::vector<std::pair<std::string, int>> out{{"1f1b", 1}};
+  if (pp == 1) return out;
+  out.push_back({"zb", 1});
+  if (layers % (2 * pp) == 0) out.push_back({"interleaved", 2});
+  return out;
+}
+
+// ZeRO-3 sharding choices: over all the reduction ranks (hsdp 1), or HSDP with each shard
+// group inside a node (the node's ranks over tp) and replicas across nodes.
+std::vector<int> hsdp_for(int zero, int tp, int reduction, int per_node) {
+  std::vector<int> out{1};
+  if (zero != 3 || per_node % tp != 0) return out;
+  const int shard = std::min(reduction, per_node / tp);
+  if (shard >= 1 && reduction % shard == 0 && reduction / shard > 1)
+    out.push_back(reduction / shard);
+  return out;
+}
+
+}  // namespace
+
 std::vector<Candidate> search(const Options& base, const topo::Cluster& cluster) {
   std::vector<Candidate> out;
   Predictor predictor(cluster);
@@ -789,38 +815,41 @@ std::vector<Candidate> search(const Options& base, const topo::Cluster& cluster)
   std::vector<int> eps{1};
   for (int e = 2; m.experts > 0 && e <= std::min(m.experts, nranks); e *= 2) eps.push_back(e);
   const int seq = std::max(1, base.work == Work::train ? base.seq : base.context);
+  auto add = [&](Options o) {
+    Candidate c;
+    o.dp = 0, o.microbatches = 0;
+    c.options = o;
+    if (o.tp > per_node) {
+      c.rejected = "tp=" + std::to_string(o.tp) + " crosses nodes (" + std::to_string(per_node) +
+                   " ranks per node)";
+    } else {
+      c.rejected = validate(o, cluster);
+    }
+    if (c.rejected.empty()) {
+      const double limit = cluster.device.memory_gb * 1e9;
+      c.result = plan(o, cluster, &predictor, limit);
+      if (limit > 0 && c.result.memory.total() > limit)
+        c.rejected = "does not fit: " + num(c.result.memory.total() / 1e9) + " GB per rank > " +
+                     num(cluster.device.memory_gb) + " GB";
+    }
+    out.push_back(std::move(c));
+  };
   for (int tp = 1; tp <= std::min(nranks, 2 * per_node); tp *= 2)
     for (int cp = 1; cp <= base.cp && tp * cp <= nranks && seq % (2 * cp) == 0; cp *= 2)
       for (int ep : eps)
         for (int pp = 1; pp <= std::min(m.layers, 32) && tp * cp * ep * pp <= nranks; ++pp) {
           if (nranks % (tp * cp * ep * pp) != 0) continue;
-          for (int zero : {0, 1, 3})
-            for (bool sp : {false, true}) {
-              if (sp && tp == 1) continue;
-              if (sp && zero == 3) continue;
-              Candidate c;
-              c.options = base;
-              Options& o = c.options;
-              o.tp = tp, o.cp = cp, o.ep = ep, o.pp = pp, o.dp = 0, o.zero = zero, o.sp = sp;
-              o.hsdp = 1, o.microbatches = 0;
-              if (o.schedule == "interleaved" && m.layers % (pp * o.virtual_stages) != 0)
-                o.schedule = "1f1b", o.virtual_stages = 1;
-              if (pp == 1 && o.schedule == "interleaved") o.schedule = "1f1b", o.virtual_stages = 1;
-              if (tp > per_node) {
-                c.rejected = "tp=" + std::to_string(tp) + " crosses nodes (" +
-                             std::to_string(per_node) + " ranks per node)";
-              } else {
-                c.rejected = validate(o, cluster);
-              }
-              if (c.rejected.empty()) {
-                const double limit = cluster.device.memory_gb * 1e9;
-                c.result = plan(o, cluster, &predictor, limit);
-                if (limit > 0 && c.result.memory.total() > limit)
-                  c.rejected = "does not fit: " + num(c.result.memory.total() / 1e9) +
-                               " GB per rank > " + num(cluster.device.memory_gb) + " GB";
-              }
-              out.push_back(std::move(c));
-            }
+          const int reduction = nranks / (tp * pp);  // cp · ep · dp
+          for (const auto& [schedule, chunks] : schedules_for(pp, m.layers))
+            for (int zero : {0, 1, 2, 3})
+              for (int hsdp : hsdp_for(zero, tp, reduction, per_node))
+                for (bool sp : {false, true}) {
+                  if (sp && (tp == 1 || zero == 3)) continue;
+                  Options o = base;
+                  o.tp = tp, o.cp = cp, o.ep = ep, o.pp = pp, o.zero = zero, o.sp = sp;
+                  o.hsdp = hsdp, o.schedule = schedule, o.virtual_stages = chunks;
+                  add(o);
+                }
         }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();

@@ -165,7 +165,9 @@ struct Candidate {
 // Meshes over the whole cluster (tp within a node, then cp, ep, dp, pp
 // outward), each planned or rejected with its reason; fitting ones first,
 // fastest first. cp goes up to base.cp (with base.cp_algo), ep over the
-// powers of two up to the expert count.
+// powers of two up to the expert count; for each, ZeRO 0-3 (with and without
+// SP), ZeRO-3 also as HSDP with a node's ranks per shard group, and with
+// pp > 1 the schedules 1F1B, zero-bubble and interleaved (2 chunks).
 std::vector<Candidate> search(const Options& base, const topo::Cluster& cluster);
 
 }  // namespace weft::plan

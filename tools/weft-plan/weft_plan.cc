@@ -227,12 +227,14 @@ std::string check_links(const std::string& path, const topo::Cluster& cluster) {
   return "";
 }
 
-std::string mesh_text(const Options& o, const Result& r) {
+// "tp=4 cp=1 ep=1 dp=8 pp=4 sp zero=2 schedule=zb v=1"; dp < 0 (a rejected mesh, never
+// planned): without it.
+std::string mesh_text(const Options& o, int dp) {
   char text[256];
-  snprintf(text, sizeof(text), "tp=%d cp=%d ep=%d dp=%d pp=%d%s zero=%d%s schedule=%s v=%d", o.tp,
-           o.cp, o.ep, r.dp, o.pp, o.sp ? " sp" : "", o.zero,
-           o.hsdp > 1 ? (" hsdp=" + std::to_string(o.hsdp)).c_str() : "", o.schedule.c_str(),
-           o.virtual_stages);
+  snprintf(text, sizeof(text), "tp=%d cp=%d ep=%d%s pp=%d%s zero=%d%s schedule=%s v=%d", o.tp, o.cp,
+           o.ep, dp >= 0 ? (" dp=" + std::to_string(dp)).c_str() : "", o.pp, o.sp ? " sp" : "",
+           o.zero, o.hsdp > 1 ? (" hsdp=" + std::to_string(o.hsdp)).c_str() : "",
+           o.schedule.c_str(), o.virtual_stages);
   return text;
 }
 
@@ -299,7 +301,7 @@ void print_result(const Options& o, const Result& r) {
          o.work == Work::train     ? "train"
          : o.work == Work::prefill ? "prefill"
                                    : "decode",
-         r.world, mesh_text(o, r).c_str());
+         r.world, mesh_text(o, r.dp).c_str());
   printf("# micro-batches %d, layers per stage %d, parameters per rank %.4g B\n", r.microbatches,
          r.layers_per_stage, r.stage_params / 1e9);
   printf("# %-21s %-13s %-13s %5s %8s %7s %11s %11s %-9s %11s %10s %-5s %10s\n", "pattern",
@@ -382,10 +384,12 @@ int run(int argc, char** argv) {
         printf("%s%s", sep, json_result(c.options, c.result).c_str());
       else
         printf(
-            "%s{\"mesh\":{\"tp\":%d,\"cp\":%d,\"ep\":%d,\"pp\":%d,\"sp\":%s,\"zero\":%d},"
-            "\"rejected\":%s}",
+            "%s{\"mesh\":{\"tp\":%d,\"cp\":%d,\"ep\":%d,\"pp\":%d,\"sp\":%s,\"zero\":%d,"
+            "\"hsdp\":%d,\"schedule\":%s,\"virtual\":%d},\"rejected\":%s}",
             sep, c.options.tp, c.options.cp, c.options.ep, c.options.pp,
-            c.options.sp ? "true" : "false", c.options.zero, json_string(c.rejected).c_str());
+            c.options.sp ? "true" : "false", c.options.zero, c.options.hsdp,
+            json_string(c.options.schedule).c_str(), c.options.virtual_stages,
+            json_string(c.rejected).c_str());
       sep = ",";
     }
     printf("]}\n");
@@ -400,14 +404,14 @@ int run(int argc, char** argv) {
     if (!c.rejected.empty() || shown >= cli.top) continue;
     ++shown;
     printf("  %4d %-58s %10.1f %10.1f %10.1f %7.1f%% %7.1f\n", shown,
-           mesh_text(c.options, c.result).c_str(), c.result.step_s * 1e3, c.result.exposed_s * 1e3,
-           c.result.bubble_s * 1e3, 100 * c.result.mfu, c.result.memory.total() / 1e9);
+           mesh_text(c.options, c.result.dp).c_str(), c.result.step_s * 1e3,
+           c.result.exposed_s * 1e3, c.result.bubble_s * 1e3, 100 * c.result.mfu,
+           c.result.memory.total() / 1e9);
   }
   printf("# rejected:\n");
   for (const Candidate& c : all)
     if (!c.rejected.empty())
-      printf("  tp=%d cp=%d ep=%d pp=%d%s zero=%d: %s\n", c.options.tp, c.options.cp, c.options.ep,
-             c.options.pp, c.options.sp ? " sp" : "", c.options.zero, c.rejected.c_str());
+      printf("  %s: %s\n", mesh_text(c.options, -1).c_str(), c.rejected.c_str());
   return 0;
 }
 

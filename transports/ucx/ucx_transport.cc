@@ -185,13 +185,15 @@ Status Transport::post_recv(uint64_t tag, void* data, size_t bytes, Request* req
   request->handle = nullptr;
   request->expected_bytes = bytes;
   request->info = {};
-  request->info.length = bytes;  // immediate completion leaves info as filled by UCX
+  // UCX before 1.16 leaves recv_info unwritten when a receive completes at once (an
+  // unexpected message already there: openucx/ucx#9425), so a shorter message than the
+  // receive expects went unnoticed. Without immediate completion the callback always runs
+  // with the message's length.
   ucp_request_param_t param{};
   param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = on_recv_done;
   param.user_data = request;
-  param.recv_info.tag_info = &request->info;
   return track(ucp_tag_recv_nbx(worker_, data, bytes, tag, ~ucp_tag_t(0), &param), request,
                "tag receive");
 }
