@@ -14,6 +14,11 @@ Status Error(weftResult_t code, const char* format, ...) {
   return Status(code, buffer);
 }
 
+const std::string& Status::message() const {
+  static const std::string kEmpty;
+  return message_ ? *message_ : kEmpty;
+}
+
 const char* result_string(weftResult_t code) {
   switch (code) {
     case weftSuccess:

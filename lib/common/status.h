@@ -3,6 +3,7 @@
 // code and the calling thread's last-error string.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -13,16 +14,30 @@ namespace weft {
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(weftResult_t code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(weftResult_t code, std::string message)
+      : code_(code),
+        message_(message.empty() ? nullptr : std::make_unique<std::string>(std::move(message))) {}
+  Status(const Status& other)
+      : code_(other.code_),
+        message_(other.message_ ? std::make_unique<std::string>(*other.message_) : nullptr) {}
+  Status(Status&&) noexcept = default;
+  Status& operator=(const Status& other) {
+    code_ = other.code_;
+    message_ = other.message_ ? std::make_unique<std::string>(*other.message_) : nullptr;
+    return *this;
+  }
+  Status& operator=(Status&&) noexcept = default;
 
   static Status Ok() { return Status(); }
   bool ok() const { return code_ == weftSuccess; }
   weftResult_t code() const { return code_; }
-  const std::string& message() const { return message_; }
+  const std::string& message() const;
 
  private:
   weftResult_t code_ = weftSuccess;
-  std::string message_;
+  // Null for an empty message (every success): the per-call paths then build, move and
+  // drop a Status without a string to construct or destroy.
+  std::unique_ptr<std::string> message_;
 };
 
 // printf-style constructor for failures.

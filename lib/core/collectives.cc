@@ -157,11 +157,8 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params, JobB
     return Error(weftInvalidUsage,
                  "%s: algorithm %s needs every rank on one node with shared memory, but %s", name,
                  algorithm, comm.direct()->unavailable_reason().c_str());
+  // A spare call keeps its count arrays' capacity; only AllToAllv reads them.
   std::shared_ptr<DirectCall> call = batch.new_direct();
-  // A spare call keeps its count arrays' capacity; their contents are its last call's.
-  for (std::vector<uint64_t>* counts :
-       {&call->send_counts, &call->send_displs, &call->recv_counts, &call->recv_displs})
-    counts->clear();
   call->collective = params.collective;
   call->algorithm = params.algorithm;
   call->count = params.count;
@@ -169,11 +166,13 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params, JobB
   if (params.collective == algo::Collective::AllToAllv) {
     if (params.in_place) return Error(weftInvalidArgument, "alltoallv has no in-place form");
     size_t n = static_cast<size_t>(params.nranks);
-    call->send_counts.assign(params.send_counts, params.send_counts + n);
-    call->send_displs.assign(params.send_displs, params.send_displs + n);
-    call->recv_counts.assign(params.recv_counts, params.recv_counts + n);
-    call->recv_displs.assign(params.recv_displs, params.recv_displs + n);
-    if (call->send_counts[params.rank] != call->recv_counts[params.rank])
+    if (!call->peers) call->peers = std::make_unique<DirectCall::PeerCounts>();
+    DirectCall::PeerCounts& peers = *call->peers;
+    peers.send_counts.assign(params.send_counts, params.send_counts + n);
+    peers.send_displs.assign(params.send_displs, params.send_displs + n);
+    peers.recv_counts.assign(params.recv_counts, params.recv_counts + n);
+    peers.recv_displs.assign(params.recv_displs, params.recv_displs + n);
+    if (peers.send_counts[params.rank] != peers.recv_counts[params.rank])
       return Error(weftInvalidArgument,
                    "alltoallv: this rank's send and receive counts to itself differ");
   }

@@ -596,9 +596,8 @@ uint64_t DirectState::slot_elements(const Job& job) const {
   return staging_bytes_ / 2 / (slots * job.math.element_size);
 }
 
-uint64_t DirectState::rounds(const Job& job) const {
+uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
   const DirectCall& call = *job.direct;
-  uint64_t per_round = slot_elements(job);
   if (call.collective != algo::Collective::AllToAllv) {
     uint64_t chunks = ceil_div(call.count, per_round);
     return call.algorithm == algo::Algorithm::TwoShot ? 2 * chunks : chunks;
@@ -606,7 +605,7 @@ uint64_t DirectState::rounds(const Job& job) const {
   // Counts differ per rank: run as long as any rank needs (at least one round).
   uint64_t largest = 1;
   for (int q = 0; q < nranks_; ++q)
-    largest = std::max({largest, call.send_counts[q], call.recv_counts[q]});
+    largest = std::max({largest, call.peers->send_counts[q], call.peers->recv_counts[q]});
   return ceil_div(largest, per_round);
 }
 
@@ -615,10 +614,10 @@ void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offset_bytes
   reduce_ranks(job.math, nranks_, dst, count, [&](int q) { return staging(q) + offset_bytes; });
 }
 
-bool DirectState::pack(const Job& job, const std::byte* input, uint64_t step) const {
+bool DirectState::pack(const Job& job, const std::byte* input, const DirectRun& run) const {
   const DirectCall& call = *job.direct;
   const size_t e = job.math.element_size;
-  const uint64_t per_round = slot_elements(job);
+  const uint64_t per_round = run.per_round, step = run.step;
   std::byte* mine = own_staging();
   bool two_shot = call.algorithm == algo::Algorithm::TwoShot;
   uint64_t chunk = two_shot ? step / 2 : step;
@@ -648,19 +647,20 @@ bool DirectState::pack(const Job& job, const std::byte* input, uint64_t step) co
       break;
     case algo::Collective::AllToAllv:
       for (int p = 0; p < nranks_; ++p)
-        copy_bytes(mine + p * per_round * e, input + (call.send_displs[p] + step * per_round) * e,
-                   piece(call.send_counts[p], step, per_round) * e);
+        copy_bytes(mine + p * per_round * e,
+                   input + (call.peers->send_displs[p] + step * per_round) * e,
+                   piece(call.peers->send_counts[p], step, per_round) * e);
       break;
     default:
       break;
   }
-  return step + 1 < rounds(job);
+  return step + 1 < run.rounds;
 }
 
-void DirectState::unpack(const Job& job, uint64_t step) const {
+void DirectState::unpack(const Job& job, const DirectRun& run) const {
   const DirectCall& call = *job.direct;
   const size_t e = job.math.element_size;
-  const uint64_t per_round = slot_elements(job);
+  const uint64_t per_round = run.per_round, step = run.step;
   bool two_shot = call.algorithm == algo::Algorithm::TwoShot;
   uint64_t chunk = two_shot ? step / 2 : step;
   uint64_t begin = chunk * per_round, length = piece(call.count, chunk, per_round);
@@ -702,9 +702,9 @@ void DirectState::unpack(const Job& job, uint64_t step) const {
       break;
     case algo::Collective::AllToAllv:
       for (int q = 0; q < nranks_; ++q)
-        copy_bytes(out + (call.recv_displs[q] + step * per_round) * e,
+        copy_bytes(out + (call.peers->recv_displs[q] + step * per_round) * e,
                    staging(q) + rank_ * per_round * e,
-                   piece(call.recv_counts[q], step, per_round) * e);
+                   piece(call.peers->recv_counts[q], step, per_round) * e);
       break;
     default:
       break;
@@ -717,7 +717,12 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   Control& mine = control(rank_);
   // Ranks agree on whether an op has rounds at all; then it runs until no
   // rank needs another one.
-  bool more = rounds(job) > 0;
+  if (!run->sized) {
+    run->per_round = slot_elements(job);
+    run->rounds = rounds(job, run->per_round);
+    run->sized = true;
+  }
+  bool more = run->rounds > 0;
   if (more && run->path == DirectRun::Path::Undecided && !choose_path(job, input, run))
     return false;
   if (run->path == DirectRun::Path::ZeroCopy) {
@@ -728,7 +733,7 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   while (more) {
     uint64_t round = round_ + 1;
     if (!run->published) {
-      run->more = pack(job, input, run->step);
+      run->more = pack(job, input, *run);
       note_cpu();
       mine.ready[round % 2].store(round << kRoundShift | tag << 1 | (run->more ? 1 : 0),
                                   std::memory_order_release);
@@ -740,7 +745,7 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     // AllToAllv's counts are not in the tag: its check at completion always runs.
     if (run->step == 0)
       run->same_call = same_call && job.shape.collective != algo::Collective::AllToAllv;
-    unpack(job, run->step);
+    unpack(job, *run);
     round_ = round;
     ++run->step;
     run->published = false;

@@ -87,8 +87,12 @@ struct DirectCall {
   algo::Algorithm algorithm = algo::Algorithm::OneShot;
   uint64_t count = 0;
   int root = 0;
-  // AllToAllv only, in elements, one entry per peer.
-  std::vector<uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+  // AllToAllv only, in elements, one entry per peer (behind a pointer: the other
+  // collectives' calls then construct and destroy no vectors).
+  struct PeerCounts {
+    std::vector<uint64_t> send_counts, send_displs, recv_counts, recv_displs;
+  };
+  std::unique_ptr<PeerCounts> peers;
 };
 
 // Where one direct job stands.
@@ -105,6 +109,10 @@ struct DirectRun {
   // Every rank's ready word of the job's first round carried this rank's call (its tag):
   // the peers made the same call, so the check at completion can be skipped.
   bool same_call = false;
+  // The op's geometry, computed at its first advance: elements per staging slot, and
+  // rounds as this rank sees them (0: none at all).
+  bool sized = false;
+  uint64_t per_round = 0, rounds = 0;
 };
 
 class DirectState {
@@ -200,13 +208,13 @@ class DirectState {
   void note_cpu() const;
   // Wakes the peers that sleep waiting for what this rank just published.
   void ring_peers() const;
-  // Writes this rank's part of round `step` into its staging; returns whether
+  // Writes this rank's part of round run.step into its staging; returns whether
   // this rank needs another round after it.
-  bool pack(const Job& job, const std::byte* input, uint64_t step) const;
-  // Reads the peers' parts of round `step` into the output.
-  void unpack(const Job& job, uint64_t step) const;
-  // The job's rounds as this rank sees them (0: none at all).
-  uint64_t rounds(const Job& job) const;
+  bool pack(const Job& job, const std::byte* input, const DirectRun& run) const;
+  // Reads the peers' parts of round run.step into the output.
+  void unpack(const Job& job, const DirectRun& run) const;
+  // The job's rounds as this rank sees them (0: none at all), `per_round` elements per slot.
+  uint64_t rounds(const Job& job, uint64_t per_round) const;
   // Elements per staging slot.
   uint64_t slot_elements(const Job& job) const;
   void reduce_all(const Job& job, std::byte* dst, size_t offset_bytes, uint64_t count) const;

@@ -12,7 +12,7 @@ namespace weft {
 namespace {
 
 CallRecord call(uint64_t sequence, uint64_t fingerprint, const char* text) {
-  return CallRecord{sequence, fingerprint, text};
+  return CallRecord{sequence, fingerprint, text, {}};
 }
 
 // The root's view once every rank's report (by rank) arrived.

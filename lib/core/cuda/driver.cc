@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <type_traits>
 
 #if defined(WEFT_HAVE_CUDA_HEADERS)
@@ -99,10 +100,63 @@ std::atomic<const Driver*> g_driver{nullptr};
 std::atomic<unsigned long long> g_scanned_adds{~0ull};  // objects loaded at the last full scan
 std::mutex g_mutex;
 
+// The newest object in the loader's list at the last full scan that missed libcuda,
+// held open (so that it stays mapped) by a reference of ours. The loader appends every
+// object it loads to that list, so while the object's l_next is null nothing was loaded
+// since and libcuda is still absent: one pointer load per call instead of
+// dl_iterate_phdr and the loader's lock. Each pin stays for the process's life (a
+// reader may still look at an old one); after kMaxPins every call probes instead.
+std::atomic<const link_map*> g_tail{nullptr};
+constexpr int kMaxPins = 64;
+int g_pins = 0;  // under g_mutex
+
+// Run by dl_iterate_phdr, under the loader's lock, so the list holds still while it is
+// walked: the last object's map and name.
+struct Tail {
+  const link_map* map = nullptr;
+  std::string name;
+};
+int find_tail(dl_phdr_info*, size_t, void* data) {
+  auto* tail = static_cast<Tail*>(data);
+  for (const link_map* map = _r_debug.r_map; map != nullptr; map = map->l_next) tail->map = map;
+  if (tail->map != nullptr && tail->map->l_name != nullptr) tail->name = tail->map->l_name;
+  return 1;
+}
+
+// Pins the list's last object as g_tail (under g_mutex), if it can be opened again.
+void pin_tail() {
+  if (g_pins >= kMaxPins) {
+    g_tail.store(nullptr, std::memory_order_release);
+    return;
+  }
+  Tail tail;
+  dl_iterate_phdr(find_tail, &tail);
+  if (tail.map == nullptr || tail.name.empty()) return;
+  void* handle = dlopen(tail.name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  link_map* opened = nullptr;
+  if (handle == nullptr) return;
+  // Unloaded meanwhile and another object under that name: no pin (the pointer is only
+  // compared, never read, until it is ours).
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &opened) != 0 || opened != tail.map) {
+    dlclose(handle);
+    return;
+  }
+  ++g_pins;
+  g_tail.store(tail.map, std::memory_order_release);
+}
+
+// Nothing was loaded since the pinned tail was the newest object.
+bool nothing_loaded_since_pin() {
+  const link_map* tail = g_tail.load(std::memory_order_acquire);
+  return tail != nullptr && __atomic_load_n(&tail->l_next, __ATOMIC_ACQUIRE) == nullptr;
+}
+
 // The driver if this process has loaded libcuda, else null. Loaded objects
-// only change when dlpi_adds does, so a miss costs one early-stopped probe.
+// only change when dlpi_adds does, so a miss costs one early-stopped probe
+// (or, with a pinned tail, one load).
 const Driver* loaded_driver() {
   if (const Driver* d = g_driver.load(std::memory_order_acquire)) return d;
+  if (nothing_loaded_since_pin()) return nullptr;
   Scan probe{true};
   dl_iterate_phdr(scan_object, &probe);
   if (probe.adds == g_scanned_adds.load(std::memory_order_relaxed)) return nullptr;
@@ -111,11 +165,13 @@ const Driver* loaded_driver() {
   Scan full{false};
   dl_iterate_phdr(scan_object, &full);
   g_scanned_adds.store(probe.adds, std::memory_order_relaxed);
-  if (!full.found) return nullptr;
   // Already loaded: this only takes a reference, never loads a library.
-  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  void* library = full.found ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : nullptr;
   static Driver driver;
-  if (library == nullptr || !resolve(library, &driver)) return nullptr;
+  if (library == nullptr || !resolve(library, &driver)) {
+    pin_tail();
+    return nullptr;
+  }
   g_driver.store(&driver, std::memory_order_release);
   return &driver;
 }

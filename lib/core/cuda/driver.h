@@ -1,7 +1,7 @@
 // The CUDA driver as Weft's host code sees it: found at run time, never
 // linked, never initialised by Weft. A process that has not loaded libcuda
 // has no device memory and no CUDA streams, so every check here is then a
-// cheap "host" answer (one dl_iterate_phdr probe, ~50 ns) and works on
+// cheap "host" answer (one pointer load: see loaded_driver in driver.cc) and works on
 // machines without a driver. Plain C++: no CUDA headers needed.
 #pragma once
 
