@@ -105,12 +105,17 @@ typedef struct {
   /* Forced algorithms, "collective:algorithm[,...]" as WEFT_ALGO (which it
    * overrides), e.g. "allreduce:ring,allgather:bruck". */
   const char* algorithms;
+  /* A GPU communicator: the CUDA device ordinal its ranks' memory lives on (docs/gpu.md).
+   * Its collectives then take device memory only, on a stream from weftStreamCreateFromCuda
+   * (or NULL). Undefined (the default): a host-memory communicator. Needs every rank on one
+   * node, and the CUDA driver loaded in the process (initialise CUDA first). */
+  int cudaDevice;
 } weftConfig_t;
 
-#define WEFT_CONFIG_INITIALIZER                                                   \
-  {                                                                               \
-    sizeof(weftConfig_t), WEFT_CONFIG_MAGIC, WEFT_VERSION, WEFT_CONFIG_UNDEF_INT, \
-        WEFT_CONFIG_UNDEF_INT, WEFT_CONFIG_UNDEF_PTR, WEFT_CONFIG_UNDEF_PTR       \
+#define WEFT_CONFIG_INITIALIZER                                                                    \
+  {                                                                                                \
+    sizeof(weftConfig_t), WEFT_CONFIG_MAGIC, WEFT_VERSION, WEFT_CONFIG_UNDEF_INT,                  \
+        WEFT_CONFIG_UNDEF_INT, WEFT_CONFIG_UNDEF_PTR, WEFT_CONFIG_UNDEF_PTR, WEFT_CONFIG_UNDEF_INT \
   }
 
 /* Version as WEFT_VERSION_CODE(major, minor, patch). */
@@ -270,11 +275,19 @@ WEFT_API weftResult_t weftEventDestroy(weftEvent_t event);
  * stream) after checking it: weftInvalidArgument if it is not a valid CUDA
  * stream, weftInvalidUsage if it is capturing a CUDA graph (not supported
  * yet). weftStreamSynchronize and weftStreamQuery on it also wait for / ask
- * the CUDA stream; weftStreamDestroy leaves the cudaStream_t alive. Not yet
- * supported, refused with weftInvalidUsage and a message saying so: any
- * collective or P2P call on such a stream (the CUDA executor is not built
- * yet), Weft events on it, and device memory passed to any call on a host
- * stream ("sendbuff is device memory ..."). */
+ * the CUDA stream; weftStreamDestroy leaves the cudaStream_t alive.
+ *
+ * Collectives on a GPU communicator (weftConfig_t.cudaDevice) take device (or
+ * managed) memory of that device and either such a stream, on which they are
+ * enqueued in its order and return at once, or NULL, which runs them after
+ * the legacy default stream's work and returns once they completed. A
+ * communicator's failure (a timeout, a dead peer) shows in
+ * weftCommGetAsyncError and its next call; its queued work then drains with
+ * meaningless results instead of hanging the stream. Not yet supported,
+ * refused with weftInvalidUsage and a message saying so: send/recv and
+ * AllToAllv on GPU communicators, GPU communicators spanning nodes, Weft
+ * events on CUDA streams, device memory on a host communicator and host
+ * memory on a GPU one. */
 typedef enum { weftMemoryHost = 0, weftMemoryDevice = 1, weftMemoryManaged = 2 } weftMemoryType_t;
 WEFT_API weftResult_t weftPointerGetMemoryType(const void* ptr, weftMemoryType_t* type,
                                                int* device);

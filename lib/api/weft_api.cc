@@ -12,6 +12,7 @@
 #include "core/bootstrap.h"
 #include "core/collectives.h"
 #include "core/communicator.h"
+#include "core/cuda/device_comm.h"
 #include "core/cuda/driver.h"
 #include "core/env_launch.h"
 #include "core/group.h"
@@ -68,6 +69,14 @@ Status read_config(const weftConfig_t* config, weft::CommConfig* out) {
     out->name = config->commName;
   if (has(offsetof(weftConfig_t, algorithms), sizeof(const char*)) && config->algorithms != nullptr)
     out->algorithms = config->algorithms;
+  if (has(offsetof(weftConfig_t, cudaDevice), sizeof(int)) &&
+      config->cudaDevice != WEFT_CONFIG_UNDEF_INT) {
+    if (config->cudaDevice < 0)
+      return Error(weftInvalidArgument,
+                   "config->cudaDevice must be a CUDA device ordinal (0 or more), not %d",
+                   config->cudaDevice);
+    out->cuda_device = config->cudaDevice;
+  }
   return Status::Ok();
 }
 
@@ -164,11 +173,11 @@ Status p2p(void* buffer, size_t count, int raw_dtype, int peer, weftComm_t comm,
                  is_send ? "sendbuff" : "recvbuff", count);
   if (peer < 0 || peer >= impl->nranks())
     return Error(weftInvalidArgument, "peer %d is out of range [0, %d)", peer, impl->nranks());
-  if (count > 0)
-    WEFT_RETURN_IF_ERROR(weft::cuda::check_host_memory(is_send ? "weftSend" : "weftRecv",
-                                                       is_send ? "sendbuff" : "recvbuff", buffer));
   weft::Stream* queue = nullptr;
   WEFT_RETURN_IF_ERROR(resolve_stream(stream, &queue));
+  if (count > 0 && impl->device() == nullptr && (queue == nullptr || !queue->cuda.bound))
+    WEFT_RETURN_IF_ERROR(weft::cuda::check_host_memory(is_send ? "weftSend" : "weftRecv",
+                                                       is_send ? "sendbuff" : "recvbuff", buffer));
   return weft::submit_p2p({impl, is_send, buffer, count * element, peer}, queue);
 }
 
@@ -344,6 +353,7 @@ weftResult_t weftCommSplit(weftComm_t comm, int color, int key, weftComm_t* newc
       return Error(weftInvalidArgument, "color %d is negative and not WEFT_SPLIT_NOCOLOR", color);
     weft::CommConfig comm_config;
     comm_config.blocking = impl->config().blocking;
+    comm_config.cuda_device = impl->config().cuda_device;
     WEFT_RETURN_IF_ERROR(read_config(config, &comm_config));
     std::unique_ptr<weft::Communicator> child;
     WEFT_RETURN_IF_ERROR(impl->split(color, key, comm_config, &child));
@@ -369,6 +379,11 @@ weftResult_t weftCommLastAlgorithm(weftComm_t comm, const char** algorithm, doub
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
     WEFT_RETURN_IF_ERROR(check_out_pointer(algorithm, "algorithm"));
+    if (const weft::cuda::DeviceComm* device = impl->device()) {
+      *algorithm = device->last_algorithm();
+      if (predicted_us != nullptr) *predicted_us = device->last_predicted_us();
+      return Status::Ok();
+    }
     *algorithm = impl->tuner().last_algorithm();
     if (predicted_us != nullptr) *predicted_us = impl->tuner().last_predicted_us();
     return Status::Ok();
@@ -506,6 +521,7 @@ weftResult_t weftCommShrink(weftComm_t comm, const int* exclude_ranks, int n_exc
                    "weftCommShrink");
     weft::CommConfig comm_config;
     comm_config.blocking = impl->config().blocking;
+    comm_config.cuda_device = impl->config().cuda_device;
     WEFT_RETURN_IF_ERROR(read_config(config, &comm_config));
     if (shrink_flags == WEFT_SHRINK_ABORT) impl->revoke();
     // The parent's queued stream work ends (or fails) before its members change.

@@ -83,6 +83,20 @@ constexpr EnvVar kEnvTable[] = {
      "Smallest message (bytes per rank) that direct collectives read in place from registered "
      "weftMemAlloc buffers; smaller ones are staged (one synchronisation instead of two).",
      EnvKind::kBytes},
+    {"WEFT_CUDA_SLOT_BYTES", "4194304",
+     "GPU communicators: bytes of one receive slot (a message travels between ranks in chunks of "
+     "this size); each rank's region holds WEFT_CUDA_SLOTS of them per rank of the communicator. "
+     "Every rank must set the same value.",
+     EnvKind::kBytes, 64},
+    {"WEFT_CUDA_SLOTS", "2",
+     "GPU communicators: receive slots per peer (chunks in flight on each channel). Every rank "
+     "must set the same value.",
+     EnvKind::kInt, 1, 64},
+    {"WEFT_CUDA_IPC", "auto",
+     "GPU communicators: how ranks in different processes map each other's memory: auto "
+     "(POSIX-fd handles where every rank's GPU offers them, else legacy CUDA IPC), posix-fd, or "
+     "legacy. Ranks that are threads of one process use plain pointers.",
+     EnvKind::kChoice, 0, UINT64_MAX, "auto|posix-fd|legacy"},
     {"WEFT_SHM_CMA_BYTES", "0",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
      "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "

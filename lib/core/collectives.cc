@@ -10,6 +10,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "core/bootstrap_protocol.h"
+#include "core/cuda/device_collectives.h"
 #include "core/cuda/driver.h"
 #include "core/group.h"
 #include "core/tuner.h"
@@ -67,7 +68,9 @@ Status check_vector_counts(const char* name, const size_t* values, int nranks) {
   return Status::Ok();
 }
 
-Status validate(Communicator& comm, const CollectiveCall& call, size_t element) {
+}  // namespace
+
+Status validate_collective(Communicator& comm, const CollectiveCall& call, size_t element) {
   const char* name = name_of(call.collective);
   if (element == 0)
     return Error(weftInvalidArgument, "%s: datatype %d is not a valid weftDataType_t", name,
@@ -98,6 +101,8 @@ Status validate(Communicator& comm, const CollectiveCall& call, size_t element) 
   }
   return Status::Ok();
 }
+
+namespace {
 
 Status check_buffers(const CollectiveCall& call, const algo::Params& params,
                      const Communicator::PreMulSum* premul) {
@@ -142,6 +147,22 @@ algo::Params call_params(const Communicator& comm, const CollectiveCall& call) {
   return params;
 }
 
+}  // namespace
+
+algo::Params collective_params(const Communicator& comm, const CollectiveCall& call, size_t element,
+                               bool premul) {
+  algo::Params params = call_params(comm, call);
+  params.in_place = !premul && detect_in_place(call, comm.rank(), element);
+  params.layout = &comm.topology().layout;
+  params.send_counts = call.send_counts;
+  params.send_displs = call.send_displs;
+  params.recv_counts = call.recv_counts;
+  params.recv_displs = call.recv_displs;
+  return params;
+}
+
+namespace {
+
 // The size at which every rank plans an AllToAllv: per-peer pieces of a
 // typical MoE dispatch (tokens × hidden × 2 bytes).
 constexpr uint64_t kAllToAllvPlanBytes = 1 << 20;
@@ -181,26 +202,38 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params, JobB
   return Status::Ok();
 }
 
+}  // namespace
+
+JobMath collective_math(const Communicator& comm, const CollectiveCall& call,
+                        const algo::Params& params, size_t element,
+                        const Communicator::PreMulSum* premul) {
+  JobMath math;
+  math.dtype = call.dtype;
+  math.element_size = element;
+  math.op = reduce_op(call.op);
+  if (premul != nullptr) {
+    math.premul = true;
+    memcpy(math.premul_value, premul->value, sizeof(premul->value));
+    if (!premul->immediate) math.premul_source = premul->pointer;
+    math.premul_count = algo::input_count(params);
+  }
+  if (call.op == weftAvg && is_reduction(call.collective) &&
+      (call.collective != algo::Collective::Reduce || comm.rank() == call.root)) {
+    math.divide_count = call.count;
+    math.divisor = static_cast<uint64_t>(comm.nranks());
+  }
+  return math;
+}
+
+namespace {
+
 // What every job of a collective call carries, whichever path runs it: its buffers, the
 // reduction's math and the call's shape (for mismatch detection).
 void describe_job(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
                   size_t element, const Communicator::PreMulSum* premul, Job* job) {
   job->input = static_cast<std::byte*>(const_cast<void*>(call.send));
   job->output = static_cast<std::byte*>(call.recv);
-  job->math.dtype = call.dtype;
-  job->math.element_size = element;
-  job->math.op = reduce_op(call.op);
-  if (premul != nullptr) {
-    job->math.premul = true;
-    memcpy(job->math.premul_value, premul->value, sizeof(premul->value));
-    if (!premul->immediate) job->math.premul_source = premul->pointer;
-    job->math.premul_count = algo::input_count(params);
-  }
-  if (call.op == weftAvg && is_reduction(call.collective) &&
-      (call.collective != algo::Collective::Reduce || comm.rank() == call.root)) {
-    job->math.divide_count = call.count;
-    job->math.divisor = static_cast<uint64_t>(comm.nranks());
-  }
+  job->math = collective_math(comm, call, params, element, premul);
   job->tag_kind = TagKind::Collective;
   job->what = name_of(call.collective);
   job->shape.collective = call.collective;
@@ -336,17 +369,11 @@ class HierAllToAllv final : public JobStage {
 
 Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBatch& batch) {
   size_t element = dtype_size(call.dtype);
-  WEFT_RETURN_IF_ERROR(validate(comm, call, element));
+  WEFT_RETURN_IF_ERROR(validate_collective(comm, call, element));
   const Communicator::PreMulSum* premul =
       is_reduction(call.collective) ? comm.premulsum(call.op) : nullptr;
 
-  algo::Params params = call_params(comm, call);
-  params.in_place = premul == nullptr && detect_in_place(call, comm.rank(), element);
-  params.layout = &comm.topology().layout;
-  params.send_counts = call.send_counts;
-  params.send_displs = call.send_displs;
-  params.recv_counts = call.recv_counts;
-  params.recv_displs = call.recv_displs;
+  algo::Params params = collective_params(comm, call, element, premul != nullptr);
   WEFT_RETURN_IF_ERROR(check_buffers(call, params, premul));
   // Every rank must choose the same algorithm: AllToAllv's counts differ per
   // rank, so it is planned at one nominal size, never by its counts. (At its
@@ -416,7 +443,7 @@ bool run_fast_path(Communicator& comm, const CollectiveCall& call, Status* statu
       !comm.direct()->available())
     return false;
   const size_t element = dtype_size(call.dtype);
-  *status = validate(comm, call, element);
+  *status = validate_collective(comm, call, element);
   if (!status->ok()) return true;
   const algo::Algorithm algorithm =
       comm.tuner().algorithm(call.collective, call.count * element, element);
@@ -444,6 +471,8 @@ bool run_fast_path(Communicator& comm, const CollectiveCall& call, Status* statu
 
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream) {
   WEFT_RETURN_IF_ERROR(comm.usable());
+  if (comm.device() != nullptr || (stream != nullptr && stream->cuda.bound))
+    return cuda::submit_collective(comm, call, stream);
   if (Status fast; stream == nullptr && run_fast_path(comm, call, &fast)) return fast;
   JobBatch* batch = nullptr;
   WEFT_RETURN_IF_ERROR(begin_submit(stream, &batch));
@@ -451,6 +480,8 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
 }
 
 Status submit_p2p(const P2PCall& call, Stream* stream) {
+  if (call.comm->device() != nullptr || (stream != nullptr && stream->cuda.bound))
+    return cuda::refuse_p2p(*call.comm, stream);
   if (!in_group() && call.peer == call.comm->rank())
     return Error(weftInvalidUsage,
                  "peer %d is this rank: a send or receive to self outside weftGroupStart/End "

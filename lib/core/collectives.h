@@ -37,6 +37,17 @@ struct P2PCall {
   int peer = -1;
 };
 
+// Shared with the GPU path (core/cuda/device_collectives.cc), as the host path makes them: the
+// call's checks against the communicator (not its buffers), its schedule parameters (the
+// algorithm unset; in place as NCCL's layouts say, never with a PreMulSum, whose input is
+// staged) and what it computes with.
+Status validate_collective(Communicator& comm, const CollectiveCall& call, size_t element);
+algo::Params collective_params(const Communicator& comm, const CollectiveCall& call, size_t element,
+                               bool premul);
+JobMath collective_math(const Communicator& comm, const CollectiveCall& call,
+                        const algo::Params& params, size_t element,
+                        const Communicator::PreMulSum* premul);
+
 // Run now (stream null) or queued on the stream; inside a group, with the group.
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream);
 Status submit_p2p(const P2PCall& call, Stream* stream);

@@ -12,6 +12,7 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "core/cuda/device_comm.h"
 #include "core/wire.h"
 
 namespace weft {
@@ -186,6 +187,13 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
       },
       &comm->registry_));
   const double shm_ms = phase_ms();
+  if (comm->config_.cuda_device >= 0)
+    WEFT_RETURN_IF_ERROR(cuda::DeviceComm::create(
+        comm.get(), comm->config_.cuda_device,
+        [&](const Blob& mine, std::vector<Blob>* all) {
+          return bootstrap->allgather(mine, all, deadline_after_ms(comm->config_.timeout_ms));
+        },
+        &comm->device_));
   comm->reports_calls_ =
       nranks > 1 && !comm->direct_->shared() && comm->direct_->check() != CheckMode::Off;
   Calibration machine;
@@ -210,7 +218,9 @@ Communicator::~Communicator() {
     std::lock_guard<std::mutex> lock(live_mutex);
     std::erase(live_communicators(), this);
   }
-  // The bootstrap goes first: its control thread may still report failures.
+  // The GPU side first (its watchdog reports through this communicator), then the bootstrap:
+  // its control thread may still report failures.
+  device_.reset();
   bootstrap_.reset();
   const weftResult_t failure = failed_code_.load(std::memory_order_acquire);
   if (failure != weftSuccess && failure != weftInvalidUsage && failure != weftInvalidArgument) {
@@ -471,6 +481,10 @@ const Communicator::PreMulSum* Communicator::premulsum(weftRedOp_t op) const {
 }
 
 Status Communicator::finalize() {
+  if (!finalized_ && device_ && bootstrap_)
+    device_->finalize([this](const Blob& mine, std::vector<Blob>* all) {
+      return bootstrap_->allgather(mine, all, deadline_after_ms(config_.timeout_ms));
+    });
   if (!finalized_ && bootstrap_) bootstrap_->leave(true, goodbye());
   finalized_ = true;
   return Status::Ok();

@@ -33,6 +33,7 @@ struct CommConfig {
   bool blocking = true;
   std::string name;
   std::string algorithms;  // forced algorithms, WEFT_ALGO syntax; "" for WEFT_ALGO itself
+  int cuda_device = -1;    // >= 0: a GPU communicator on that CUDA device (device memory only)
 };
 
 struct PeerInfo {
@@ -62,6 +63,9 @@ inline uint64_t make_tag(int sender, TagKind kind, uint64_t sequence, uint64_t s
 inline constexpr int kMaxRanks = 1 << 20;
 
 class Communicator;
+namespace cuda {
+class DeviceComm;
+}
 
 // One posted send or receive.
 struct PendingOp {
@@ -93,6 +97,9 @@ class Communicator {
   DirectState* direct() const { return direct_.get(); }
   // Buffers registered with weftCommRegister (direct ops read them in place).
   Registry& registry() { return registry_; }
+  // The GPU side of a communicator made for a CUDA device (config cuda_device), else null:
+  // its collectives take device memory only and run on CUDA streams.
+  cuda::DeviceComm* device() const { return device_.get(); }
 
   // Ok while the communicator can run operations; otherwise why not.
   Status usable() const;
@@ -261,6 +268,9 @@ class Communicator {
   Registry registry_;  // outlives direct_, which reads it
   // Made before the bootstrap can report a failure (fail() interrupts it).
   std::unique_ptr<DirectState> direct_ = std::make_unique<DirectState>();
+  // Destroyed before the bootstrap and the transport (~Communicator): its watchdog may fail
+  // the communicator until then.
+  std::unique_ptr<cuda::DeviceComm> device_;
   std::mutex transport_mutex_;
   std::atomic<int> pending_stream_ops_{0};
 };

@@ -138,10 +138,6 @@ Status launch_direct(Job& job) {
 }
 
 Status begin_submit(Stream* stream, JobBatch** batch) {
-  if (stream != nullptr && stream->cuda.bound)
-    return Error(weftInvalidUsage,
-                 "stream wraps a cudaStream_t: collectives and P2P on CUDA streams need the "
-                 "CUDA executor, which is not built yet; use a host stream and host memory");
   GroupState& g = group_state();
   if (g.depth == 0) {
     g.single.clear();

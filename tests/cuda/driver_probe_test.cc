@@ -1,13 +1,14 @@
 // Weft looks for a loaded CUDA driver on every call without taking the loader's lock
 // (lib/core/cuda/driver.cc: the newest loaded object is pinned, and a library loaded
 // after it shows as its successor). A driver loaded after Weft's first looks must still
-// be found: here a stand-in libcuda.so.1 (fake_driver.c) whose device memory then
-// reads as device memory, and is refused by a host collective naming the argument.
+// be found: here the host emulation of the driver, whose device memory then reads as device
+// memory and is refused by a host collective naming the argument.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "cuda/test_driver.h"
 #include "support/expect_error.h"
 #include "support/single_rank.h"
 #include "weft/weft.h"
@@ -28,28 +29,33 @@ TEST_F(DriverLoadedLate, IsFoundAtTheNextCall) {
         weftSuccess)
         << weftGetLastError(comm_);
 
-  void* driver = dlopen(WEFT_FAKE_DRIVER, RTLD_NOW | RTLD_GLOBAL);
-  ASSERT_NE(driver, nullptr) << dlerror();
-  auto* device = static_cast<char*>(dlsym(driver, "weft_fake_device_memory"));
-  ASSERT_NE(device, nullptr) << dlerror();
+  ASSERT_NE(dlopen(WEFT_EMULATED_DRIVER, RTLD_NOW | RTLD_GLOBAL), nullptr) << dlerror();
+  std::string why;
+  const TestDriver* d = use_gpu(0, &why);
+  ASSERT_NE(d, nullptr) << why;
+  ASSERT_TRUE(d->emulated);
+  unsigned long long allocation = 0;
+  ASSERT_EQ(d->mem_alloc(&allocation, 4096), 0);
+  auto* device = reinterpret_cast<char*>(allocation);
 
   weftMemoryType_t type = weftMemoryHost;
   int ordinal = -1;
   ASSERT_EQ(weftPointerGetMemoryType(device + 64, &type, &ordinal), weftSuccess);
   EXPECT_EQ(type, weftMemoryDevice);
-  EXPECT_EQ(ordinal, 3);
+  EXPECT_EQ(ordinal, 0);
   ASSERT_EQ(weftPointerGetMemoryType(host.data(), &type, &ordinal), weftSuccess);
   EXPECT_EQ(type, weftMemoryHost);
 
   EXPECT_ERROR(weftAllReduce(device, out.data(), 8, weftFloat32, weftSum, comm_, nullptr),
-               weftInvalidUsage, "sendbuff is device memory (GPU 3)");
+               weftInvalidUsage, "sendbuff is device memory (GPU 0)");
   EXPECT_ERROR(weftAllReduce(host.data(), device, 8, weftFloat32, weftSum, comm_, nullptr),
-               weftInvalidUsage, "recvbuff is device memory (GPU 3)");
+               weftInvalidUsage, "recvbuff is device memory (GPU 0)");
   EXPECT_EQ(
       weftAllReduce(host.data(), out.data(), host.size(), weftFloat32, weftSum, comm_, nullptr),
       weftSuccess)
       << weftGetLastError(comm_);
   EXPECT_EQ(out[0], 1.0f);
+  d->mem_free(allocation);
 }
 
 }  // namespace

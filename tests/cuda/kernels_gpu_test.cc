@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda/reduce_kernels.h"
+#include "core/cuda/reduce_launch.h"
 #include "cuda/reduce_cases.h"
 
 namespace weft::cuda {

@@ -112,7 +112,8 @@ size_t v_count(size_t base, int q, int p) {
 
 }  // namespace
 
-std::string run_case(weftComm_t comm, const Case& c, int rank, int n, const CaseMemory& memory) {
+std::string run_case(weftComm_t comm, const Case& c, int rank, int n, const CaseMemory& memory,
+                     const DeviceBuffers* device) {
   const size_t e = dtype_size(c.dtype), count = c.count;
   std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
   size_t in_count = count, out_count = count;
@@ -147,6 +148,32 @@ std::string run_case(weftComm_t comm, const Case& c, int rank, int n, const Case
   if (c.in_place && c.collective == Collective::AllGather) send = out + rank * count * e;
   if (c.in_place && c.collective == Collective::ReduceScatter) recv = out + rank * count * e;
   for (size_t i = 0; i < in_count; ++i) store_value(c.dtype, send, i, input_value(c, rank, i));
+  // On a GPU: the same layout in device buffers, the call's pointers moved there.
+  uint8_t* device_out = nullptr;
+  uint8_t* device_separate = nullptr;
+  auto on_device = [&](uint8_t* host) -> uint8_t* {
+    if (device == nullptr) return host;
+    if (host >= out && host < out + out_bytes) return device_out + (host - out);
+    return device_separate + (host - separate);
+  };
+  if (device != nullptr) {
+    device_out = static_cast<uint8_t*>(device->allocate(out_bytes));
+    device_separate = static_cast<uint8_t*>(device->allocate(in_count * e + 1));
+    if (device_out == nullptr || device_separate == nullptr) return "device allocation failed";
+    device->to_device(device_out, out, out_bytes);
+    device->to_device(device_separate, separate, in_count * e + 1);
+  }
+  struct Release {
+    const DeviceBuffers* device;
+    uint8_t *a, *b;
+    ~Release() {
+      if (device != nullptr) {
+        device->free(a);
+        device->free(b);
+      }
+    }
+  } release{device, device_out, device_separate};
+  weftStream_t stream = device != nullptr ? device->stream : nullptr;
 
   weftRedOp_t op = static_cast<weftRedOp_t>(c.op);
   if (c.op == kPreMulSum) {
@@ -157,34 +184,39 @@ std::string run_case(weftComm_t comm, const Case& c, int rank, int n, const Case
       return weftGetLastError(comm);
   }
   weftResult_t result = weftInternalError;
+  uint8_t* call_send = on_device(send);
+  uint8_t* call_recv = on_device(recv);
   switch (c.collective) {
     case Collective::AllReduce:
-      result = weftAllReduce(send, recv, count, c.dtype, op, comm, nullptr);
+      result = weftAllReduce(call_send, call_recv, count, c.dtype, op, comm, stream);
       break;
     case Collective::ReduceScatter:
-      result = weftReduceScatter(send, recv, count, c.dtype, op, comm, nullptr);
+      result = weftReduceScatter(call_send, call_recv, count, c.dtype, op, comm, stream);
       break;
     case Collective::Reduce:
-      result = weftReduce(send, recv, count, c.dtype, op, c.root, comm, nullptr);
+      result = weftReduce(call_send, call_recv, count, c.dtype, op, c.root, comm, stream);
       break;
     case Collective::AllGather:
-      result = weftAllGather(send, recv, count, c.dtype, comm, nullptr);
+      result = weftAllGather(call_send, call_recv, count, c.dtype, comm, stream);
       break;
     case Collective::Broadcast:
-      result = weftBroadcast(send, recv, count, c.dtype, c.root, comm, nullptr);
+      result = weftBroadcast(call_send, call_recv, count, c.dtype, c.root, comm, stream);
       break;
     case Collective::AllToAll:
-      result = weftAllToAll(send, recv, count, c.dtype, comm, nullptr);
+      result = weftAllToAll(call_send, call_recv, count, c.dtype, comm, stream);
       break;
     case Collective::AllToAllv:
-      result = weftAllToAllv(send, sc.data(), sd.data(), recv, rc.data(), rd.data(), c.dtype, comm,
-                             nullptr);
+      result = weftAllToAllv(call_send, sc.data(), sd.data(), call_recv, rc.data(), rd.data(),
+                             c.dtype, comm, stream);
       break;
     default:
       break;
   }
+  if (result == weftSuccess && stream != nullptr) result = weftStreamSynchronize(stream);
+  if (result == weftSuccess) weftCommGetAsyncError(comm, &result);
   if (c.op == kPreMulSum) weftRedOpDestroy(op, comm);
   if (result != weftSuccess) return std::string("call failed: ") + weftGetLastError(comm);
+  if (device != nullptr) device->to_host(out, device_out, out_bytes);
   if (out[out_bytes - 1] != 0xA5) return "wrote past the end of the output";
 
   auto check = [&](size_t index, const std::vector<uint8_t>& want) -> std::string {

@@ -37,9 +37,20 @@ std::vector<std::pair<weftDataType_t, int>> dtype_ops(algo::Collective c);
 // input); empty: vectors of its own.
 using CaseMemory = std::function<uint8_t*(int slot, size_t bytes)>;
 
+// Device memory for a case (GPU tests): its buffers are prepared and checked in host memory
+// and copied to and from device buffers around the call, which runs on `stream` (then
+// synchronised; NULL: the call itself completes).
+struct DeviceBuffers {
+  std::function<void*(size_t bytes)> allocate;
+  std::function<void(void*)> free;
+  std::function<void(void* device, const void* host, size_t bytes)> to_device;
+  std::function<void(void* host, const void* device, size_t bytes)> to_host;
+  weftStream_t stream = nullptr;
+};
+
 // Runs one case on `comm`; returns "" or what went wrong.
-std::string run_case(weftComm_t comm, const Case& c, int rank, int n,
-                     const CaseMemory& memory = {});
+std::string run_case(weftComm_t comm, const Case& c, int rank, int n, const CaseMemory& memory = {},
+                     const DeviceBuffers* device = nullptr);
 
 // Segments Weft left in /dev/shm: "<prefix>-<pid>-..." whose pid is `pid`
 // (0: any pid no longer alive, i.e. leaked by a process that is gone).

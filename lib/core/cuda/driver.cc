@@ -18,56 +18,58 @@ namespace weft::cuda {
 
 namespace {
 
-// The driver ABI Weft uses, in its own words (values and signatures as in
-// cuda.h, checked against it below when the CUDA headers are present).
-using CuResult = int;
-using CuDevicePtr = unsigned long long;
-using CuStream = void*;
-using CuContext = void*;
-constexpr CuResult kCuSuccess = 0;
-constexpr CuResult kCuNotReady = 600;
 constexpr int kAttrMemoryType = 2, kAttrIsManaged = 8, kAttrDeviceOrdinal = 9;
 constexpr unsigned kMemoryTypeDevice = 2;
 constexpr int kCaptureNone = 0;
 constexpr int kApiVersion = 12000;  // the entry points' CUDA 12.0 semantics
 
 #if defined(WEFT_HAVE_CUDA_HEADERS)
-static_assert(CUDA_SUCCESS == kCuSuccess && CUDA_ERROR_NOT_READY == kCuNotReady);
+static_assert(CUDA_SUCCESS == drv::kSuccess && CUDA_ERROR_NOT_READY == drv::kNotReady);
 static_assert(CU_POINTER_ATTRIBUTE_MEMORY_TYPE == kAttrMemoryType &&
               CU_POINTER_ATTRIBUTE_IS_MANAGED == kAttrIsManaged &&
               CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == kAttrDeviceOrdinal);
 static_assert(CU_MEMORYTYPE_DEVICE == kMemoryTypeDevice &&
               CU_STREAM_CAPTURE_STATUS_NONE == kCaptureNone);
-static_assert(sizeof(CUdeviceptr) == sizeof(CuDevicePtr));
+static_assert(sizeof(CUdeviceptr) == sizeof(drv::DevicePtr) &&
+              sizeof(CUmemGenericAllocationHandle) == sizeof(drv::MemHandle) &&
+              sizeof(CUdevice) == sizeof(drv::Device));
+static_assert(CU_STREAM_NON_BLOCKING == drv::kStreamNonBlocking &&
+              CU_EVENT_DISABLE_TIMING == drv::kEventDisableTiming &&
+              CU_STREAM_WAIT_VALUE_GEQ == drv::kWaitValueGeq &&
+              CU_STREAM_WRITE_VALUE_DEFAULT == drv::kWriteValueDefault &&
+              CU_MEMHOSTALLOC_PORTABLE == drv::kHostAllocPortable &&
+              CU_MEMHOSTALLOC_DEVICEMAP == drv::kHostAllocDeviceMap &&
+              CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS == drv::kIpcLazyEnablePeerAccess);
+static_assert(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT == drv::kAttrMultiprocessorCount &&
+              CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ==
+                  drv::kAttrVirtualMemoryManagement &&
+              CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ==
+                  drv::kAttrPosixFdHandles &&
+              CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS == drv::kAttr64BitStreamMemOps);
+static_assert(CU_MEM_LOCATION_TYPE_DEVICE == drv::kLocationDevice &&
+              CU_MEM_ALLOCATION_TYPE_PINNED == drv::kAllocationPinned &&
+              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == drv::kHandlePosixFd &&
+              CU_MEM_ACCESS_FLAGS_PROT_READWRITE == drv::kAccessReadWrite &&
+              CU_MEM_ALLOC_GRANULARITY_MINIMUM == drv::kGranularityMinimum);
+static_assert(sizeof(CUmemAllocationProp) == sizeof(drv::AllocationProp) &&
+              offsetof(CUmemAllocationProp, location) == offsetof(drv::AllocationProp, location) &&
+              offsetof(CUmemAllocationProp, allocFlags) == offsetof(drv::AllocationProp, flags));
+static_assert(sizeof(CUmemAccessDesc) == sizeof(drv::AccessDesc) &&
+              sizeof(CUmemLocation) == sizeof(drv::MemLocation));
+static_assert(sizeof(CUipcMemHandle) == sizeof(drv::IpcMemHandle) &&
+              CU_IPC_HANDLE_SIZE == drv::kIpcHandleBytes);
 #endif
-
-struct Driver {
-  CuResult (*get_error_string)(CuResult, const char**);
-  CuResult (*pointer_get_attributes)(unsigned, int*, void**, CuDevicePtr);
-  CuResult (*stream_get_ctx)(CuStream, CuContext*);
-  CuResult (*stream_is_capturing)(CuStream, int*);
-  CuResult (*stream_synchronize)(CuStream);
-  CuResult (*stream_query)(CuStream);
-  CuResult (*ctx_push_current)(CuContext);
-  CuResult (*ctx_pop_current)(CuContext*);
-  CuResult (*ctx_get_device)(int*);
-
-  const char* error_string(CuResult r) const {
-    const char* text = nullptr;
-    return get_error_string(r, &text) == kCuSuccess && text != nullptr ? text : "unknown error";
-  }
-};
 
 // Resolves the entry points through cuGetProcAddress (driver >= 12.0), which
 // picks the version of each that matches kApiVersion.
-bool resolve(void* library, Driver* d) {
-  using GetProc = CuResult (*)(const char*, void**, int, uint64_t, int*);
+bool resolve(void* library, Api* d) {
+  using GetProc = drv::Result (*)(const char*, void**, int, uint64_t, int*);
   auto get_proc = reinterpret_cast<GetProc>(dlsym(library, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) return false;
   auto one = [&](const char* name, auto* fn) {
     void* p = nullptr;
     int found = 0;
-    if (get_proc(name, &p, kApiVersion, 0, &found) != kCuSuccess || p == nullptr) return false;
+    if (get_proc(name, &p, kApiVersion, 0, &found) != drv::kSuccess || p == nullptr) return false;
     *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
     return true;
   };
@@ -77,7 +79,36 @@ bool resolve(void* library, Driver* d) {
          one("cuStreamIsCapturing", &d->stream_is_capturing) &&
          one("cuStreamSynchronize", &d->stream_synchronize) &&
          one("cuStreamQuery", &d->stream_query) && one("cuCtxPushCurrent", &d->ctx_push_current) &&
-         one("cuCtxPopCurrent", &d->ctx_pop_current) && one("cuCtxGetDevice", &d->ctx_get_device);
+         one("cuCtxPopCurrent", &d->ctx_pop_current) && one("cuCtxGetDevice", &d->ctx_get_device) &&
+         one("cuCtxGetCurrent", &d->ctx_get_current) && one("cuDeviceGet", &d->device_get) &&
+         one("cuDeviceGetCount", &d->device_get_count) &&
+         one("cuDeviceGetAttribute", &d->device_get_attribute) &&
+         one("cuDevicePrimaryCtxRetain", &d->primary_ctx_retain) &&
+         one("cuDevicePrimaryCtxRelease", &d->primary_ctx_release) &&
+         one("cuStreamCreate", &d->stream_create) && one("cuStreamDestroy", &d->stream_destroy) &&
+         one("cuStreamWaitEvent", &d->stream_wait_event) &&
+         one("cuEventCreate", &d->event_create) && one("cuEventRecord", &d->event_record) &&
+         one("cuEventQuery", &d->event_query) && one("cuEventDestroy", &d->event_destroy) &&
+         one("cuMemcpyAsync", &d->memcpy_async) && one("cuMemsetD8Async", &d->memset_d8_async) &&
+         one("cuStreamWriteValue64", &d->stream_write_value64) &&
+         one("cuStreamWaitValue64", &d->stream_wait_value64) &&
+         one("cuMemGetAllocationGranularity", &d->mem_get_allocation_granularity) &&
+         one("cuMemCreate", &d->mem_create) && one("cuMemRelease", &d->mem_release) &&
+         one("cuMemAddressReserve", &d->mem_address_reserve) &&
+         one("cuMemAddressFree", &d->mem_address_free) && one("cuMemMap", &d->mem_map) &&
+         one("cuMemUnmap", &d->mem_unmap) && one("cuMemSetAccess", &d->mem_set_access) &&
+         one("cuMemExportToShareableHandle", &d->mem_export_to_shareable_handle) &&
+         one("cuMemImportFromShareableHandle", &d->mem_import_from_shareable_handle) &&
+         one("cuMemAlloc", &d->mem_alloc) && one("cuMemFree", &d->mem_free) &&
+         one("cuIpcGetMemHandle", &d->ipc_get_mem_handle) &&
+         one("cuIpcOpenMemHandle", &d->ipc_open_mem_handle) &&
+         one("cuIpcCloseMemHandle", &d->ipc_close_mem_handle) &&
+         one("cuMemHostAlloc", &d->mem_host_alloc) && one("cuMemFreeHost", &d->mem_free_host) &&
+         one("cuMemHostGetDevicePointer", &d->mem_host_get_device_pointer) &&
+         one("cuModuleLoadData", &d->module_load_data) &&
+         one("cuModuleUnload", &d->module_unload) &&
+         one("cuModuleGetFunction", &d->module_get_function) &&
+         one("cuLaunchKernel", &d->launch_kernel);
 }
 
 struct Scan {
@@ -96,7 +127,7 @@ int scan_object(dl_phdr_info* info, size_t, void* data) {
   return scan->found ? 1 : 0;
 }
 
-std::atomic<const Driver*> g_driver{nullptr};
+std::atomic<const Api*> g_driver{nullptr};
 std::atomic<unsigned long long> g_scanned_adds{~0ull};  // objects loaded at the last full scan
 std::mutex g_mutex;
 
@@ -154,20 +185,20 @@ bool nothing_loaded_since_pin() {
 // The driver if this process has loaded libcuda, else null. Loaded objects
 // only change when dlpi_adds does, so a miss costs one early-stopped probe
 // (or, with a pinned tail, one load).
-const Driver* loaded_driver() {
-  if (const Driver* d = g_driver.load(std::memory_order_acquire)) return d;
+const Api* loaded_driver() {
+  if (const Api* d = g_driver.load(std::memory_order_acquire)) return d;
   if (nothing_loaded_since_pin()) return nullptr;
   Scan probe{true};
   dl_iterate_phdr(scan_object, &probe);
   if (probe.adds == g_scanned_adds.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (const Driver* d = g_driver.load(std::memory_order_acquire)) return d;
+  if (const Api* d = g_driver.load(std::memory_order_acquire)) return d;
   Scan full{false};
   dl_iterate_phdr(scan_object, &full);
   g_scanned_adds.store(probe.adds, std::memory_order_relaxed);
   // Already loaded: this only takes a reference, never loads a library.
   void* library = full.found ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : nullptr;
-  static Driver driver;
+  static Api driver;
   if (library == nullptr || !resolve(library, &driver)) {
     pin_tail();
     return nullptr;
@@ -176,16 +207,46 @@ const Driver* loaded_driver() {
   return &driver;
 }
 
-Status driver_error(const Driver& d, CuResult r, const char* what, const char* call) {
-  return Error(weftUnhandledCudaError, "%s: %s failed: %s (CUDA error %d)", what, call,
-               d.error_string(r), r);
+}  // namespace
+
+const char* Api::error_string(drv::Result r) const {
+  const char* text = nullptr;
+  return get_error_string(r, &text) == drv::kSuccess && text != nullptr ? text : "unknown error";
 }
 
-}  // namespace
+const Api* api() {
+  return loaded_driver();
+}
+
+Status driver_error(drv::Result r, const char* what, const char* call) {
+  const Api* d = loaded_driver();
+  return Error(weftUnhandledCudaError, "%s: %s failed: %s (CUDA error %d)", what, call,
+               d != nullptr ? d->error_string(r) : "no driver", r);
+}
+
+ContextScope::ContextScope(drv::Context context) {
+  const Api* d = loaded_driver();
+  if (d == nullptr) {
+    status_ = Error(weftInternalError, "no CUDA driver is loaded");
+    return;
+  }
+  drv::Result r = d->ctx_push_current(context);
+  if (r != drv::kSuccess) {
+    status_ = driver_error(r, "GPU path", "cuCtxPushCurrent");
+    return;
+  }
+  pushed_ = true;
+}
+
+ContextScope::~ContextScope() {
+  if (!pushed_) return;
+  drv::Context popped = nullptr;
+  loaded_driver()->ctx_pop_current(&popped);
+}
 
 PointerInfo pointer_info(const void* ptr) {
   PointerInfo info;
-  const Driver* d = loaded_driver();
+  const Api* d = loaded_driver();
   if (d == nullptr || ptr == nullptr) return info;
   // Eight zeroed bytes per answer: the attributes are 1- to 4-byte values.
   int attributes[3] = {kAttrMemoryType, kAttrIsManaged, kAttrDeviceOrdinal};
@@ -193,8 +254,8 @@ PointerInfo pointer_info(const void* ptr) {
   void* data[3] = {&type, &managed, &ordinal};
   // Not a CUDA pointer: success with empty answers. Driver not initialised:
   // an error, and then nothing can be device memory either.
-  if (d->pointer_get_attributes(3, attributes, data, reinterpret_cast<CuDevicePtr>(ptr)) !=
-      kCuSuccess)
+  if (d->pointer_get_attributes(3, attributes, data, reinterpret_cast<drv::DevicePtr>(ptr)) !=
+      drv::kSuccess)
     return info;
   int32_t device = 0;
   memcpy(&device, &ordinal, sizeof device);
@@ -212,10 +273,10 @@ Status check_host_memory(const char* call, const char* what, const void* ptr) {
   PointerInfo info = pointer_info(ptr);
   if (info.type != weftMemoryDevice) return Status::Ok();
   return Error(weftInvalidUsage,
-               "%s: %s is device memory (GPU %d); this call takes host memory, and the GPU path "
-               "(a stream from weftStreamCreateFromCuda run by the CUDA executor) is not built "
-               "yet: copy the buffer to host memory first",
-               call, what, info.device);
+               "%s: %s is device memory (GPU %d), but this communicator was made for host "
+               "memory: create it with weftConfig_t.cudaDevice = %d to run on the GPU, or copy "
+               "the buffer to host memory",
+               call, what, info.device, info.device);
 }
 
 Status check_host_buffers(const char* call, const void* send, const void* recv) {
@@ -225,48 +286,48 @@ Status check_host_buffers(const char* call, const void* send, const void* recv) 
 }
 
 Status inspect_stream(void* stream, const char* what, StreamInfo* info) {
-  const Driver* d = loaded_driver();
+  const Api* d = loaded_driver();
   if (d == nullptr)
     return Error(weftInvalidArgument,
                  "%s: no CUDA driver is loaded in this process, so it cannot be a CUDA stream",
                  what);
-  CuContext context = nullptr;
-  CuResult r = d->stream_get_ctx(stream, &context);
-  if (r != kCuSuccess)
+  drv::Context context = nullptr;
+  drv::Result r = d->stream_get_ctx(stream, &context);
+  if (r != drv::kSuccess)
     return Error(weftInvalidArgument, "%s is not a usable CUDA stream: cuStreamGetCtx: %s", what,
                  d->error_string(r));
   int capture = kCaptureNone;
   r = d->stream_is_capturing(stream, &capture);
-  if (r != kCuSuccess) return driver_error(*d, r, what, "cuStreamIsCapturing");
+  if (r != drv::kSuccess) return driver_error(r, what, "cuStreamIsCapturing");
   if (capture != kCaptureNone)
     return Error(weftInvalidUsage,
                  "%s is capturing a CUDA graph; Weft does not support graph capture yet: "
                  "create the Weft stream outside the capture",
                  what);
   r = d->ctx_push_current(context);
-  if (r != kCuSuccess) return driver_error(*d, r, what, "cuCtxPushCurrent");
+  if (r != drv::kSuccess) return driver_error(r, what, "cuCtxPushCurrent");
   int device = -1;
   r = d->ctx_get_device(&device);
-  CuContext popped = nullptr;
+  drv::Context popped = nullptr;
   d->ctx_pop_current(&popped);
-  if (r != kCuSuccess) return driver_error(*d, r, what, "cuCtxGetDevice");
+  if (r != drv::kSuccess) return driver_error(r, what, "cuCtxGetDevice");
   info->device = device;
   return Status::Ok();
 }
 
 Status synchronize_stream(void* stream) {
-  const Driver* d = loaded_driver();
+  const Api* d = loaded_driver();
   if (d == nullptr) return Error(weftInternalError, "CUDA stream without a loaded driver");
-  CuResult r = d->stream_synchronize(stream);
-  return r == kCuSuccess ? Status::Ok() : driver_error(*d, r, "stream", "cuStreamSynchronize");
+  drv::Result r = d->stream_synchronize(stream);
+  return r == drv::kSuccess ? Status::Ok() : driver_error(r, "stream", "cuStreamSynchronize");
 }
 
 Status query_stream(void* stream) {
-  const Driver* d = loaded_driver();
+  const Api* d = loaded_driver();
   if (d == nullptr) return Error(weftInternalError, "CUDA stream without a loaded driver");
-  CuResult r = d->stream_query(stream);
-  if (r == kCuNotReady) return Status(weftInProgress, "");
-  return r == kCuSuccess ? Status::Ok() : driver_error(*d, r, "stream", "cuStreamQuery");
+  drv::Result r = d->stream_query(stream);
+  if (r == drv::kNotReady) return Status(weftInProgress, "");
+  return r == drv::kSuccess ? Status::Ok() : driver_error(r, "stream", "cuStreamQuery");
 }
 
 }  // namespace weft::cuda

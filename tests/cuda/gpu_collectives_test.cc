@@ -1,0 +1,303 @@
+// Collectives on GPU communicators (weftConfig_t.cudaDevice), ranks as processes and as
+// threads sharing one GPU: every collective the GPU path runs, with the dtypes and ops of the
+// host path's direct tests, odd counts (several chunks through small slots), in and out of
+// place, on a CUDA stream and blocking (NULL), checked exactly; bad input named; a stalled
+// rank an error on the others within the timeout. The same binary runs on a GPU (label gpu)
+// and, for orchestration only, on the host emulation of the driver (label cuda, test names
+// prefixed emulated.): that says nothing about a GPU, whose results come from gpu-check.sh.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/test_driver.h"
+#include "support/direct_cases.h"
+#include "support/expect_error.h"
+#include "support/multirank.h"
+#include "weft/weft.h"
+
+namespace weft::testing {
+namespace {
+
+using algo::Collective;
+
+struct Mode {
+  int nranks;
+  bool threads;
+  const char* ipc;  // WEFT_CUDA_IPC
+};
+
+std::string mode_name(const ::testing::TestParamInfo<Mode>& info) {
+  return std::to_string(info.param.nranks) + (info.param.threads ? "_threads_" : "_processes_") +
+         std::string(info.param.ipc == std::string("posix-fd") ? "posix_fd" : info.param.ipc);
+}
+
+// Device buffers for run_case, on this thread's context.
+DeviceBuffers device_buffers(const TestDriver& d, weftStream_t stream) {
+  DeviceBuffers buffers;
+  buffers.allocate = [&d](size_t bytes) -> void* {
+    unsigned long long p = 0;
+    return d.mem_alloc(&p, bytes) == 0 ? reinterpret_cast<void*>(p) : nullptr;
+  };
+  buffers.free = [&d](void* p) { d.mem_free(reinterpret_cast<unsigned long long>(p)); };
+  buffers.to_device = [&d](void* device, const void* host, size_t bytes) {
+    d.memcpy(reinterpret_cast<unsigned long long>(device),
+             reinterpret_cast<unsigned long long>(host), bytes);
+  };
+  buffers.to_host = [&d](void* host, const void* device, size_t bytes) {
+    d.memcpy(reinterpret_cast<unsigned long long>(host),
+             reinterpret_cast<unsigned long long>(device), bytes);
+  };
+  buffers.stream = stream;
+  return buffers;
+}
+
+weftComm_t gpu_comm(int nranks, const weftUniqueId& id, int rank, int timeout_ms = 0) {
+  weftConfig_t config = WEFT_CONFIG_INITIALIZER;
+  config.cudaDevice = 0;
+  if (timeout_ms > 0) config.timeoutMs = timeout_ms;
+  weftComm_t comm = nullptr;
+  EXPECT_EQ(weftCommInitRankConfig(&comm, nranks, id, rank, &config), weftSuccess)
+      << "rank " << rank << ": " << weftGetLastError(nullptr);
+  return comm;
+}
+
+// Every case of one rank: each collective × dtype/op × count × placement, on the stream, then
+// each collective once blocking.
+void run_every_case(int rank, int nranks, const weftUniqueId& id) {
+  std::string why;
+  const TestDriver* d = use_gpu(0, &why);
+  ASSERT_NE(d, nullptr) << why;
+  weftComm_t comm = gpu_comm(nranks, id, rank);
+  ASSERT_NE(comm, nullptr);
+  void* cuda_stream = nullptr;
+  ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
+  weftStream_t stream = nullptr;
+  ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess) << weftGetLastError(comm);
+  const DeviceBuffers on_stream = device_buffers(*d, stream);
+  const DeviceBuffers blocking = device_buffers(*d, nullptr);
+  for (Collective c : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather,
+                       Collective::Broadcast, Collective::Reduce, Collective::AllToAll}) {
+    for (auto [dtype, op] : dtype_ops(c))
+      for (size_t count : {size_t{1}, size_t{7}, size_t{1031}})
+        for (bool in_place : {false, true}) {
+          const Case one{c, dtype, op, count, in_place, nranks - 1};
+          const std::string error = run_case(comm, one, rank, nranks, {}, &on_stream);
+          ASSERT_EQ(error, "") << "rank " << rank << ": " << algo::collective_name(c) << " "
+                               << dtype << " op " << op << " count " << count
+                               << (in_place ? " in place" : "");
+        }
+    const Case one{c, weftFloat32, weftSum, 333, false, 0};
+    ASSERT_EQ(run_case(comm, one, rank, nranks, {}, &blocking), "")
+        << "rank " << rank << ": " << algo::collective_name(c) << " blocking";
+  }
+  const char* algorithm = nullptr;
+  double predicted = 0;
+  ASSERT_EQ(weftCommLastAlgorithm(comm, &algorithm, &predicted), weftSuccess);
+  EXPECT_NE(std::string(algorithm), "");
+  EXPECT_GT(predicted, 0);
+  EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+  EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  d->stream_destroy(cuda_stream);
+}
+
+class GpuCollectives : public ::testing::TestWithParam<Mode> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    // Slots far smaller than the messages: every channel reuses its slots many times.
+    setenv("WEFT_CUDA_SLOT_BYTES", "512", 1);
+    setenv("WEFT_CUDA_IPC", GetParam().ipc, 1);
+  }
+  void TearDown() override {
+    unsetenv("WEFT_CUDA_SLOT_BYTES");
+    unsetenv("WEFT_CUDA_IPC");
+  }
+};
+
+TEST_P(GpuCollectives, EveryCollectiveIsExact) {
+  const Mode mode = GetParam();
+  if (!mode.threads) {
+    RunOptions options;
+    options.timeout_s = 300;
+    run_ranks(
+        mode.nranks,
+        [&](const RankContext& context) {
+          run_every_case(context.rank, context.nranks, context.id);
+        },
+        options);
+    return;
+  }
+  weftUniqueId id;
+  ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < mode.nranks; ++r)
+    ranks.emplace_back([&, r] { run_every_case(r, mode.nranks, id); });
+  for (std::thread& rank : ranks) rank.join();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuCollectives,
+                         ::testing::Values(Mode{1, false, "auto"}, Mode{2, false, "auto"},
+                                           Mode{3, false, "auto"}, Mode{4, false, "auto"},
+                                           Mode{2, false, "legacy"}, Mode{3, false, "legacy"},
+                                           Mode{2, true, "auto"}, Mode{4, true, "auto"},
+                                           Mode{3, false, "posix-fd"}),
+                         mode_name);
+
+class GpuErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+  }
+};
+
+// One rank in a forked child (so that this process never initialises CUDA).
+void in_child(const std::function<void(const RankContext&)>& body) {
+  run_ranks(1, body);
+}
+
+TEST_F(GpuErrors, BadInputIsNamed) {
+  in_child([](const RankContext& context) {
+    std::string why;
+    const TestDriver* d = use_gpu(0, &why);
+    ASSERT_NE(d, nullptr) << why;
+    weftComm_t gpu = gpu_comm(1, context.id, 0);
+    ASSERT_NE(gpu, nullptr);
+    unsigned long long device = 0;
+    ASSERT_EQ(d->mem_alloc(&device, 4096), 0);
+    void* buffer = reinterpret_cast<void*>(device);
+    std::vector<float> host(16);
+    void* cuda_stream = nullptr;
+    ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
+    weftStream_t stream = nullptr, host_stream = nullptr;
+    ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+    ASSERT_EQ(weftStreamCreate(&host_stream), weftSuccess);
+
+    EXPECT_ERROR(weftAllReduce(host.data(), buffer, 16, weftFloat32, weftSum, gpu, stream),
+                 weftInvalidUsage, "sendbuff");
+    EXPECT_ERROR(weftAllReduce(buffer, host.data(), 16, weftFloat32, weftSum, gpu, stream),
+                 weftInvalidUsage, "is host memory");
+    EXPECT_ERROR(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, gpu, host_stream),
+                 weftInvalidUsage, "not a host stream");
+    std::vector<size_t> counts(1, 4), displs(1, 0);
+    EXPECT_ERROR(weftAllToAllv(buffer, counts.data(), displs.data(), buffer, counts.data(),
+                               displs.data(), weftFloat32, gpu, stream),
+                 weftInvalidUsage, "alltoallv");
+    EXPECT_ERROR(weftSend(buffer, 4, weftFloat32, 0, gpu, stream), weftInvalidUsage,
+                 "send/recv on a GPU communicator");
+    // A split of a GPU communicator is one too.
+    weftComm_t child = nullptr;
+    ASSERT_EQ(weftCommSplit(gpu, 0, 0, &child, nullptr), weftSuccess) << weftGetLastError(gpu);
+    EXPECT_EQ(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, child, stream), weftSuccess)
+        << weftGetLastError(child);
+    EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess);
+    // A CUDA stream or device memory on a host communicator.
+    weftConfig_t host_config = WEFT_CONFIG_INITIALIZER;
+    weftComm_t plain = nullptr;
+    weftUniqueId id;
+    ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+    ASSERT_EQ(weftCommInitRankConfig(&plain, 1, id, 0, &host_config), weftSuccess);
+    EXPECT_ERROR(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, plain, stream),
+                 weftInvalidUsage, "made for host memory");
+    EXPECT_ERROR(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, plain, nullptr),
+                 weftInvalidUsage, "sendbuff is device memory (GPU 0)");
+    // A device ordinal that does not exist, or is negative.
+    weftConfig_t bad = WEFT_CONFIG_INITIALIZER;
+    bad.cudaDevice = 99;
+    weftComm_t none = nullptr;
+    ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+    EXPECT_ERROR(weftCommInitRankConfig(&none, 1, id, 0, &bad), weftInvalidArgument,
+                 "config->cudaDevice 99 is not a CUDA device");
+    bad.cudaDevice = -3;
+    EXPECT_ERROR(weftCommInitRankConfig(&none, 1, id, 0, &bad), weftInvalidArgument,
+                 "config->cudaDevice must be");
+    EXPECT_EQ(weftCommDestroy(plain), weftSuccess);
+    EXPECT_EQ(weftCommDestroy(child), weftSuccess);
+    EXPECT_EQ(weftStreamDestroy(host_stream), weftSuccess);
+    EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+    EXPECT_EQ(weftCommDestroy(gpu), weftSuccess);
+    d->stream_destroy(cuda_stream);
+    d->mem_free(device);
+  });
+}
+
+TEST_F(GpuErrors, AStreamOfAnotherGpuIsRefused) {
+  in_child([](const RankContext& context) {
+    std::string why;
+    if (use_gpu(1, &why) == nullptr) GTEST_SKIP() << "one GPU only: " << why;
+    const TestDriver* d = use_gpu(1, &why);
+    void* other_stream = nullptr;
+    ASSERT_EQ(d->stream_create(&other_stream, 1), 0);
+    weftStream_t other = nullptr;
+    ASSERT_EQ(weftStreamCreateFromCuda(other_stream, &other), weftSuccess);
+    ASSERT_NE(use_gpu(0, &why), nullptr) << why;
+    weftComm_t gpu = gpu_comm(1, context.id, 0);
+    ASSERT_NE(gpu, nullptr);
+    unsigned long long device = 0;
+    ASSERT_EQ(d->mem_alloc(&device, 4096), 0);
+    void* buffer = reinterpret_cast<void*>(device);
+    EXPECT_ERROR(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, gpu, other),
+                 weftInvalidArgument, "stream belongs to GPU 1");
+    EXPECT_EQ(weftStreamDestroy(other), weftSuccess);
+    EXPECT_EQ(weftCommDestroy(gpu), weftSuccess);
+    d->mem_free(device);
+  });
+}
+
+// A rank that stops (SIGSTOP) after init: the others' AllReduce on a stream is an error within
+// the timeout, naming it, and their streams drain instead of hanging.
+TEST_F(GpuErrors, AStalledRankIsAnErrorOnTheOthersWithinTheTimeout) {
+  constexpr int kTimeoutMs = 2000;
+  RunOptions options;
+  options.expected = {{}, {}, {0, SIGKILL}};
+  options.kill_after_others = {2};
+  options.timeout_s = 60;
+  // The root (in rank 0's process) waits this long for the stopped rank at exit, too.
+  options.env = {{"WEFT_TIMEOUT_MS", "2000"}};
+  run_ranks(
+      3,
+      [&](const RankContext& context) {
+        std::string why;
+        const TestDriver* d = use_gpu(0, &why);
+        ASSERT_NE(d, nullptr) << why;
+        weftComm_t comm = gpu_comm(3, context.id, context.rank);
+        ASSERT_NE(comm, nullptr);
+        unsigned long long device = 0;
+        ASSERT_EQ(d->mem_alloc(&device, 1 << 16), 0);
+        void* buffer = reinterpret_cast<void*>(device);
+        // Every rank has made one AllReduce, so each has mapped the others' memory.
+        ASSERT_EQ(weftAllReduce(buffer, buffer, 1024, weftFloat32, weftSum, comm, nullptr),
+                  weftSuccess)
+            << weftGetLastError(comm);
+        if (context.rank == 2) raise(SIGSTOP);
+        void* cuda_stream = nullptr;
+        ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
+        weftStream_t stream = nullptr;
+        ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+        const auto start = std::chrono::steady_clock::now();
+        ASSERT_EQ(weftAllReduce(buffer, buffer, 1024, weftFloat32, weftSum, comm, stream),
+                  weftSuccess);
+        EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess);  // drained, not hung
+        weftResult_t async = weftSuccess;
+        ASSERT_EQ(weftCommGetAsyncError(comm, &async), weftSuccess);
+        EXPECT_NE(async, weftSuccess);
+        const double seconds = seconds_since(start);
+        EXPECT_LT(seconds, kTimeoutMs / 1000.0 + 3) << "the error came late";
+        EXPECT_ERROR(weftAllReduce(buffer, buffer, 1024, weftFloat32, weftSum, comm, stream), async,
+                     "rank 2");
+        EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+        weftCommAbort(comm);
+        d->mem_free(device);
+      },
+      options);
+}
+
+}  // namespace
+}  // namespace weft::testing
