@@ -62,6 +62,7 @@ ncclResult_t read_config(const ncclConfig_t* config, const char* function, CommO
 weftConfig_t weft_config(const CommState& state) {
   weftConfig_t config = WEFT_CONFIG_INITIALIZER;
   if (!state.name.empty()) config.commName = state.name.c_str();
+  if (state.gpu) config.cudaDevice = state.device;
   return config;
 }
 
@@ -83,6 +84,9 @@ ncclResult_t init_rank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int
   CommOptions options;
   if (ncclResult_t r = read_config(config, function, &options); r != ncclSuccess) return r;
   std::shared_ptr<CommState> state = new_state(options);
+  // As NCCL: the communicator belongs to the device current at init (its Weft init may run on
+  // another thread, at the group's end).
+  state->gpu = current_cuda_device(&state->device);
   *comm = make_handle(state);
   weftUniqueId weft_id;
   memcpy(&weft_id, &id, sizeof(weft_id));
@@ -277,6 +281,8 @@ ncclResult_t derive(const char* caller, ncclComm_t comm, ncclComm_t* newcomm, nc
   std::shared_ptr<CommState> child;
   if (joins) {
     child = new_state(options);
+    child->gpu = parent->gpu;
+    child->device = parent->device;
     *newcomm = make_handle(child);
   }
   CommState* owner = child ? child.get() : parent.get();

@@ -4,7 +4,11 @@
 // counterparts are inline code over NCCL's structures, which Weft does not have.
 #include <cuda.h>
 #include <dlfcn.h>
+
 #include <nccl_device.h>
+#include <map>
+#include <mutex>
+#include <type_traits>
 
 #include "api/nccl/shim.h"
 
@@ -13,45 +17,69 @@ namespace weft::nccl {
 namespace {
 
 struct Driver {
-  decltype(&cuPointerGetAttribute) pointer_attribute = nullptr;
   decltype(&cuCtxGetCurrent) current_context = nullptr;
+  decltype(&cuCtxGetDevice) context_device = nullptr;
+  decltype(&cuMemAlloc) mem_alloc = nullptr;
+  decltype(&cuMemFree) mem_free = nullptr;
+  decltype(&cuGetErrorString) error_string = nullptr;
 };
 
-// RTLD_NOLOAD: a program that never touched CUDA has no device memory, and
-// loading the driver for it would only cost time (or fail without a GPU).
+// The entry points through cuGetProcAddress (CUDA 12.0 semantics, the versions the typedefs
+// above name), once the program has loaded the driver. RTLD_NOLOAD: a program that never
+// touched CUDA has no device memory, and loading the driver for it would only cost time (or
+// fail without a GPU). Resolved at the first call that finds it loaded (a program may load
+// CUDA after its first NCCL call); the calls that ask are rare (init, allocation).
 const Driver& driver() {
-  static const Driver loaded = [] {
-    Driver d;
-    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-    if (library == nullptr) return d;
-    d.pointer_attribute =
-        reinterpret_cast<decltype(d.pointer_attribute)>(dlsym(library, "cuPointerGetAttribute"));
-    d.current_context =
-        reinterpret_cast<decltype(d.current_context)>(dlsym(library, "cuCtxGetCurrent"));
-    return d;
-  }();
-  return loaded;
+  static std::mutex mutex;
+  static Driver resolved;
+  static bool found = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (found) return resolved;
+  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (library == nullptr) return resolved;
+  using GetProc =
+      CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+  auto get_proc = reinterpret_cast<GetProc>(dlsym(library, "cuGetProcAddress_v2"));
+  if (get_proc == nullptr) return resolved;
+  auto one = [&](const char* name, auto* fn) {
+    void* p = nullptr;
+    if (get_proc(name, &p, 12000, 0, nullptr) == CUDA_SUCCESS)
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
+  };
+  one("cuCtxGetCurrent", &resolved.current_context);
+  one("cuCtxGetDevice", &resolved.context_device);
+  one("cuMemAlloc", &resolved.mem_alloc);
+  one("cuMemFree", &resolved.mem_free);
+  one("cuGetErrorString", &resolved.error_string);
+  found = true;
+  return resolved;
 }
 
-constexpr const char* kNoGpuPath =
-    "Weft's GPU path has not landed yet, so this libnccl.so.2 runs on host memory only";
+constexpr const char* kHostComm =
+    "this communicator was made without a current CUDA context, so it runs on host memory "
+    "(make it after cudaSetDevice to run on the GPU)";
+
+const char* cuda_message(CUresult r) {
+  const char* text = nullptr;
+  const Driver& d = driver();
+  return d.error_string != nullptr && d.error_string(r, &text) == CUDA_SUCCESS && text != nullptr
+             ? text
+             : "unknown CUDA error";
+}
 
 }  // namespace
 
+// Weft's own look (one pointer load per call while no driver is loaded).
 bool is_device_memory(const void* pointer) {
-  const Driver& d = driver();
-  if (pointer == nullptr || d.pointer_attribute == nullptr) return false;
-  unsigned int type = 0;
-  // Host memory CUDA does not know gives an error: that is the host case.
-  return d.pointer_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                             reinterpret_cast<CUdeviceptr>(pointer)) == CUDA_SUCCESS &&
-         type == CU_MEMORYTYPE_DEVICE;
+  weftMemoryType_t type = weftMemoryHost;
+  return pointer != nullptr && weftPointerGetMemoryType(pointer, &type, nullptr) == weftSuccess &&
+         type == weftMemoryDevice;
 }
 
 ncclResult_t check_host_memory(const void* pointer, const char* argument, const char* function) {
   if (is_device_memory(pointer))
     return record(ncclInvalidUsage, function, "%s %p is CUDA device memory: %s", argument, pointer,
-                  kNoGpuPath);
+                  kHostComm);
   return ncclSuccess;
 }
 
@@ -60,6 +88,52 @@ bool cuda_context_current() {
   CUcontext context = nullptr;
   return d.current_context != nullptr && d.current_context(&context) == CUDA_SUCCESS &&
          context != nullptr;
+}
+
+bool current_cuda_device(int* device) {
+  const Driver& d = driver();
+  CUdevice ordinal = 0;
+  if (!cuda_context_current() || d.context_device == nullptr ||
+      d.context_device(&ordinal) != CUDA_SUCCESS)
+    return false;
+  *device = ordinal;
+  return true;
+}
+
+ncclResult_t device_alloc(void** ptr, size_t size, const char* function) {
+  const Driver& d = driver();
+  if (d.mem_alloc == nullptr)
+    return record(ncclUnhandledCudaError, function, "the CUDA driver has no cuMemAlloc_v2");
+  CUdeviceptr p = 0;
+  if (CUresult r = d.mem_alloc(&p, size); r != CUDA_SUCCESS)
+    return record(ncclUnhandledCudaError, function, "cuMemAlloc of %zu bytes failed: %s", size,
+                  cuda_message(r));
+  *ptr = reinterpret_cast<void*>(p);
+  return ncclSuccess;
+}
+
+ncclResult_t device_free(void* ptr, const char* function) {
+  const Driver& d = driver();
+  if (d.mem_free == nullptr)
+    return record(ncclUnhandledCudaError, function, "the CUDA driver has no cuMemFree_v2");
+  if (CUresult r = d.mem_free(reinterpret_cast<CUdeviceptr>(ptr)); r != CUDA_SUCCESS)
+    return record(ncclUnhandledCudaError, function, "cuMemFree failed: %s", cuda_message(r));
+  return ncclSuccess;
+}
+
+ncclResult_t weft_stream_for(cudaStream_t stream, const char* function, weftStream_t* out) {
+  static std::mutex mutex;
+  static auto* wrappers = new std::map<cudaStream_t, weftStream_t>;  // never freed
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = wrappers->find(stream);
+  if (it == wrappers->end()) {
+    weftStream_t made = nullptr;
+    if (weftResult_t r = weftStreamCreateFromCuda(stream, &made); r != weftSuccess)
+      return from_weft(r, function);
+    it = wrappers->emplace(stream, made).first;
+  }
+  *out = it->second;
+  return ncclSuccess;
 }
 
 namespace {

@@ -22,8 +22,11 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
-weftResult_t replay(const Call& call, weftStream_t stream) {
+weftResult_t replay(const Call& call, weftStream_t host_stream) {
   weftComm_t comm = call.comm->weft;
+  weftStream_t stream = host_stream;
+  if (call.comm->gpu && weft_stream_for(call.stream, call.function, &stream) != ncclSuccess)
+    return weftInvalidArgument;
   auto dtype = static_cast<weftDataType_t>(call.dtype);
   auto op = static_cast<weftRedOp_t>(call.op);
   if (call.kind == Call::Kind::Send)
@@ -102,7 +105,8 @@ ncclResult_t launch(const std::vector<Call>& calls, bool may_defer, const char* 
       std::lock_guard<std::mutex> lock(comm->mutex);
       return record(r, function, "comm failed: %s", comm->error.c_str());
     }
-    deferred = deferred || (may_defer && !comm->blocking);
+    // A GPU communicator's calls return once enqueued: nothing to defer.
+    deferred = deferred || (may_defer && !comm->blocking && !comm->gpu);
   }
   weftStream_t stream = nullptr;  // blocking: Weft runs the group before returning
   if (deferred && weftStreamCreate(&stream) != weftSuccess)
@@ -227,7 +231,7 @@ ncclResult_t submit_call(ncclComm_t handle, Call call) {
     if (call.op < 0)
       return record(ncclInvalidArgument, call.function, "op %d is not a valid ncclRedOp_t",
                     call.op);
-    if (call.count > 0) {
+    if (call.count > 0 && !call.comm->gpu) {
       if (ncclResult_t r = check_host_memory(call.send, "sendbuff", call.function);
           r != ncclSuccess)
         return r;

@@ -1,7 +1,9 @@
-// Collectives, point to point, memory, registration and custom ops. The
-// cudaStream_t argument is opaque here: with host memory there is no CUDA
-// work to order against, so every call completes before it returns (see
-// docs/nccl-shim.md), whatever the stream.
+// Collectives, point to point, memory, registration and custom ops. On a
+// communicator made while a CUDA context was current (a GPU communicator)
+// calls take device memory and are enqueued on their cudaStream_t (0: the
+// legacy default stream) and return at once, as NCCL's do; on a host
+// communicator the stream is opaque and every call completes before it
+// returns (see docs/nccl-shim.md).
 #include "api/nccl/shim.h"
 
 using namespace weft::nccl;
@@ -11,107 +13,112 @@ extern "C" {
 
 ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                             ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                            cudaStream_t) {
+                            cudaStream_t stream) {
   return submit_call(
       comm, Call{Call::Kind::Collective, algo::Collective::AllReduce, "ncclAllReduce", sendbuff,
-                 recvbuff, count, raw_value(datatype), raw_value(op), 0});
+                 recvbuff, count, raw_value(datatype), raw_value(op), 0, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclAllReduce)
 
 ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                cudaStream_t) {
-  return submit_call(
-      comm, Call{Call::Kind::Collective, algo::Collective::ReduceScatter, "ncclReduceScatter",
-                 sendbuff, recvbuff, recvcount, raw_value(datatype), raw_value(op), 0});
+                                cudaStream_t stream) {
+  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::ReduceScatter,
+                                "ncclReduceScatter", sendbuff, recvbuff, recvcount,
+                                raw_value(datatype), raw_value(op), 0, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclReduceScatter)
 
 ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return submit_call(
       comm, Call{Call::Kind::Collective, algo::Collective::AllGather, "ncclAllGather", sendbuff,
-                 recvbuff, sendcount, raw_value(datatype), ncclSum, 0});
+                 recvbuff, sendcount, raw_value(datatype), ncclSum, 0, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclAllGather)
 
 ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+                            ncclDataType_t datatype, int root, ncclComm_t comm,
+                            cudaStream_t stream) {
   return submit_call(
       comm, Call{Call::Kind::Collective, algo::Collective::Broadcast, "ncclBroadcast", sendbuff,
-                 recvbuff, count, raw_value(datatype), ncclSum, root});
+                 recvbuff, count, raw_value(datatype), ncclSum, root, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclBroadcast)
 
 // The legacy in-place broadcast.
 ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
-                        ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::Broadcast, "ncclBcast",
-                                buff, buff, count, raw_value(datatype), ncclSum, root});
+                        ncclComm_t comm, cudaStream_t stream) {
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::Broadcast, "ncclBcast", buff, buff,
+                 count, raw_value(datatype), ncclSum, root, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclBcast)
 
 ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
-                         cudaStream_t) {
+                         cudaStream_t stream) {
   return submit_call(
       comm, Call{Call::Kind::Collective, algo::Collective::Reduce, "ncclReduce", sendbuff, recvbuff,
-                 count, raw_value(datatype), raw_value(op), root});
+                 count, raw_value(datatype), raw_value(op), root, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclReduce)
 
 ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::AllToAll, "ncclAlltoAll",
-                                sendbuff, recvbuff, count, raw_value(datatype), ncclSum, 0});
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::AllToAll, "ncclAlltoAll", sendbuff,
+                 recvbuff, count, raw_value(datatype), ncclSum, 0, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclAlltoAll)
 
 ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count,
-                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::Gather, "ncclGather",
-                                sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root});
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::Gather, "ncclGather", sendbuff, recvbuff,
+                 count, raw_value(datatype), ncclSum, root, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclGather)
 
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count,
-                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Collective, algo::Collective::Scatter, "ncclScatter",
-                                sendbuff, recvbuff, count, raw_value(datatype), ncclSum, root});
+                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit_call(
+      comm, Call{Call::Kind::Collective, algo::Collective::Scatter, "ncclScatter", sendbuff,
+                 recvbuff, count, raw_value(datatype), ncclSum, root, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclScatter)
 
 ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                       ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Send, algo::Collective::Barrier, "ncclSend", sendbuff,
-                                nullptr, count, raw_value(datatype), ncclSum, peer});
+                       ncclComm_t comm, cudaStream_t stream) {
+  return submit_call(
+      comm, Call{Call::Kind::Send, algo::Collective::Barrier, "ncclSend", sendbuff, nullptr, count,
+                 raw_value(datatype), ncclSum, peer, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclSend)
 
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                       ncclComm_t comm, cudaStream_t) {
-  return submit_call(comm, Call{Call::Kind::Recv, algo::Collective::Barrier, "ncclRecv", nullptr,
-                                recvbuff, count, raw_value(datatype), ncclSum, peer});
+                       ncclComm_t comm, cudaStream_t stream) {
+  return submit_call(
+      comm, Call{Call::Kind::Recv, algo::Collective::Barrier, "ncclRecv", nullptr, recvbuff, count,
+                 raw_value(datatype), ncclSum, peer, nullptr, stream});
 }
 WEFT_NCCL_ALIAS(ncclRecv)
 
 // Immediate even inside a group (nccl-tests allocates inside one). A program
-// with a current CUDA context expects device memory, which needs the GPU path.
+// with a current CUDA context gets device memory of its device (cuMemAlloc);
+// one without, weftMemAlloc's shared host memory.
 ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
   apply_nccl_env();
   if (ptr == nullptr) return record(ncclInvalidArgument, __func__, "ptr is NULL");
   *ptr = nullptr;
-  if (cuda_context_current())
-    return record(ncclInvalidUsage, __func__,
-                  "a CUDA context is current, so device memory is expected: Weft's GPU path has "
-                  "not landed yet, so this libnccl.so.2 allocates host memory only (use it "
-                  "without CUDA)");
+  if (cuda_context_current()) return device_alloc(ptr, size, __func__);
   return from_weft(weftMemAlloc(ptr, size), __func__);
 }
 WEFT_NCCL_ALIAS(ncclMemAlloc)
 
 ncclResult_t pncclMemFree(void* ptr) {
   apply_nccl_env();
+  if (is_device_memory(ptr)) return device_free(ptr, __func__);
   return from_weft(weftMemFree(ptr), __func__);
 }
 WEFT_NCCL_ALIAS(ncclMemFree)

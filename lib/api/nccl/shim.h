@@ -37,6 +37,9 @@ struct CommState {
   bool blocking = true;
   std::string name;  // commName from the config, for Weft's log lines
   int device = 0;    // what ncclCommCuDevice reports (host memory: no real device)
+  // Made while a CUDA context was current: a Weft GPU communicator on `device`, whose calls
+  // take device memory and run on their cudaStream_t.
+  bool gpu = false;
 
   // Guards weft, aborted, finalized, error; signals the end of InProgress.
   std::mutex mutex;
@@ -81,12 +84,18 @@ const char* last_error();
 // their WEFT_ equivalents (when those are unset) once, before Weft reads them.
 void apply_nccl_env();
 
-// Host memory is Weft's; CUDA device memory needs the GPU path, which has not
-// landed: refuse it with a message naming the argument.
+// Device memory on a host communicator is refused with a message naming the argument.
 bool is_device_memory(const void* pointer);
 ncclResult_t check_host_memory(const void* pointer, const char* argument, const char* function);
 // A CUDA context is current on this thread (the program expects device memory).
 bool cuda_context_current();
+// The current context's device, if a context is current.
+bool current_cuda_device(int* device);
+// Device memory of the current context's device for ncclMemAlloc, and its release.
+ncclResult_t device_alloc(void** ptr, size_t size, const char* function);
+ncclResult_t device_free(void* ptr, const char* function);
+// The Weft stream standing for a cudaStream_t (made at its first use, kept for the process).
+ncclResult_t weft_stream_for(cudaStream_t stream, const char* function, weftStream_t* out);
 
 size_t dtype_bytes(ncclDataType_t dtype);
 
@@ -131,6 +140,7 @@ struct Call {
   int op;
   int root;                                   // peer for Send/Recv
   std::shared_ptr<CommState> comm = nullptr;  // set by submit_call
+  cudaStream_t stream = nullptr;              // a GPU communicator's calls run on it
 };
 
 // Validates the handle and arguments, then runs the call (outside a group)

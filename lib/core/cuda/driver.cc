@@ -111,16 +111,31 @@ bool resolve(void* library, Api* d) {
          one("cuLaunchKernel", &d->launch_kernel);
 }
 
+// The newest object in the loader's list, with its name.
+struct Tail {
+  const link_map* map = nullptr;
+  std::string name;
+};
+
 struct Scan {
   bool count_only;
   unsigned long long adds = 0;
   bool found = false;
+  Tail tail;  // a full scan: the newest object when it looked (under the loader's lock)
 };
 
 int scan_object(dl_phdr_info* info, size_t, void* data) {
   auto* scan = static_cast<Scan*>(data);
   scan->adds = info->dlpi_adds;
   if (scan->count_only) return 1;
+  if (scan->tail.map == nullptr) {
+    // Read in the same pass as the search, so that a library loaded after it (libcuda, by
+    // another thread) cannot become the pin that hides it.
+    for (const link_map* map = _r_debug.r_map; map != nullptr; map = map->l_next)
+      scan->tail.map = map;
+    if (scan->tail.map != nullptr && scan->tail.map->l_name != nullptr)
+      scan->tail.name = scan->tail.map->l_name;
+  }
   const char* slash = info->dlpi_name != nullptr ? strrchr(info->dlpi_name, '/') : nullptr;
   const char* base = slash != nullptr ? slash + 1 : info->dlpi_name;
   scan->found = base != nullptr && strncmp(base, "libcuda.so", 10) == 0;
@@ -141,27 +156,13 @@ std::atomic<const link_map*> g_tail{nullptr};
 constexpr int kMaxPins = 64;
 int g_pins = 0;  // under g_mutex
 
-// Run by dl_iterate_phdr, under the loader's lock, so the list holds still while it is
-// walked: the last object's map and name.
-struct Tail {
-  const link_map* map = nullptr;
-  std::string name;
-};
-int find_tail(dl_phdr_info*, size_t, void* data) {
-  auto* tail = static_cast<Tail*>(data);
-  for (const link_map* map = _r_debug.r_map; map != nullptr; map = map->l_next) tail->map = map;
-  if (tail->map != nullptr && tail->map->l_name != nullptr) tail->name = tail->map->l_name;
-  return 1;
-}
-
-// Pins the list's last object as g_tail (under g_mutex), if it can be opened again.
-void pin_tail() {
+// Pins `tail`, the newest object of a full scan that missed libcuda, as g_tail (under
+// g_mutex), if it can be opened again.
+void pin_tail(const Tail& tail) {
   if (g_pins >= kMaxPins) {
     g_tail.store(nullptr, std::memory_order_release);
     return;
   }
-  Tail tail;
-  dl_iterate_phdr(find_tail, &tail);
   if (tail.map == nullptr || tail.name.empty()) return;
   void* handle = dlopen(tail.name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
   link_map* opened = nullptr;
@@ -188,23 +189,23 @@ bool nothing_loaded_since_pin() {
 const Api* loaded_driver() {
   if (const Api* d = g_driver.load(std::memory_order_acquire)) return d;
   if (nothing_loaded_since_pin()) return nullptr;
-  Scan probe{true};
+  Scan probe{true, 0, false, {}};
   dl_iterate_phdr(scan_object, &probe);
-  if (probe.adds == g_scanned_adds.load(std::memory_order_relaxed)) return nullptr;
+  // A full scan of these objects is done (and published its driver, if it found one, first).
+  if (probe.adds == g_scanned_adds.load(std::memory_order_acquire))
+    return g_driver.load(std::memory_order_acquire);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (const Api* d = g_driver.load(std::memory_order_acquire)) return d;
-  Scan full{false};
+  Scan full{false, 0, false, {}};
   dl_iterate_phdr(scan_object, &full);
-  g_scanned_adds.store(probe.adds, std::memory_order_relaxed);
   // Already loaded: this only takes a reference, never loads a library.
   void* library = full.found ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : nullptr;
   static Api driver;
-  if (library == nullptr || !resolve(library, &driver)) {
-    pin_tail();
-    return nullptr;
-  }
-  g_driver.store(&driver, std::memory_order_release);
-  return &driver;
+  const bool resolved = library != nullptr && resolve(library, &driver);
+  if (resolved) g_driver.store(&driver, std::memory_order_release);
+  if (!full.found) pin_tail(full.tail);
+  g_scanned_adds.store(full.adds, std::memory_order_release);
+  return resolved ? &driver : nullptr;
 }
 
 }  // namespace
