@@ -43,7 +43,7 @@ class WeftBackend : public Backend {
     if (c.collective == "alltoallv") return all_to_all_v(c);
     if (c.collective == "pingpong") return ping_pong(c);
     const perf::CallArgs args{c.send, c.recv, c.count,  weftFloat32, weftSum,
-                              c.root, c.rank, c.nranks, comm_};
+                              c.root, c.rank, c.nranks, comm_,       nullptr};
     require(perf::find_collective(c.collective)->call(args), "collective");
   }
 

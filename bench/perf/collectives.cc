@@ -22,8 +22,6 @@ using Kind = Source::Kind;
 
 // The collectives proper arrive with the library's collectives.
 
-constexpr weftStream_t kNoStream = nullptr;
-
 // 2(n-1)/n: a reduce-scatter then an all-gather, each moving (n-1)/n of the data.
 double factor_allreduce(int nranks) {
   return 2.0 * (nranks - 1) / nranks;
@@ -86,7 +84,7 @@ const Collective kCollectives[] = {
          },
      .call =
          [](const CallArgs& a) {
-           return weftAllReduce(a.send, a.recv, a.count, a.dtype, a.op, a.comm, kNoStream);
+           return weftAllReduce(a.send, a.recv, a.count, a.dtype, a.op, a.comm, a.stream);
          }},
     {.name = "reducescatter",
      .reduces = true,
@@ -100,7 +98,7 @@ const Collective kCollectives[] = {
          },
      .call =
          [](const CallArgs& a) {
-           return weftReduceScatter(a.send, a.recv, a.count, a.dtype, a.op, a.comm, kNoStream);
+           return weftReduceScatter(a.send, a.recv, a.count, a.dtype, a.op, a.comm, a.stream);
          }},
     {.name = "allgather",
      .reduces = false,
@@ -111,7 +109,7 @@ const Collective kCollectives[] = {
      .source = [](const Geometry& g, int, int, int, size_t j) { return from_block_owner(g, j); },
      .call =
          [](const CallArgs& a) {
-           return weftAllGather(a.send, a.recv, a.count, a.dtype, a.comm, kNoStream);
+           return weftAllGather(a.send, a.recv, a.count, a.dtype, a.comm, a.stream);
          }},
     {.name = "broadcast",
      .reduces = false,
@@ -125,7 +123,7 @@ const Collective kCollectives[] = {
          },
      .call =
          [](const CallArgs& a) {
-           return weftBroadcast(a.send, a.recv, a.count, a.dtype, a.root, a.comm, kNoStream);
+           return weftBroadcast(a.send, a.recv, a.count, a.dtype, a.root, a.comm, a.stream);
          }},
     {.name = "reduce",
      .reduces = true,
@@ -139,7 +137,7 @@ const Collective kCollectives[] = {
          },
      .call =
          [](const CallArgs& a) {
-           return weftReduce(a.send, a.recv, a.count, a.dtype, a.op, a.root, a.comm, kNoStream);
+           return weftReduce(a.send, a.recv, a.count, a.dtype, a.op, a.root, a.comm, a.stream);
          }},
     {.name = "alltoall",
      .reduces = false,
@@ -156,7 +154,7 @@ const Collective kCollectives[] = {
          },
      .call =
          [](const CallArgs& a) {
-           return weftAllToAll(a.send, a.recv, a.count, a.dtype, a.comm, kNoStream);
+           return weftAllToAll(a.send, a.recv, a.count, a.dtype, a.comm, a.stream);
          }},
     {.name = "gather",
      .reduces = false,
@@ -168,7 +166,7 @@ const Collective kCollectives[] = {
                   size_t j) { return rank == root ? from_block_owner(g, j) : Source{}; },
      .call =
          [](const CallArgs& a) {
-           return weftGather(a.send, a.recv, a.count, a.dtype, a.root, a.comm, kNoStream);
+           return weftGather(a.send, a.recv, a.count, a.dtype, a.root, a.comm, a.stream);
          }},
     {.name = "scatter",
      .reduces = false,
@@ -182,7 +180,7 @@ const Collective kCollectives[] = {
          },
      .call =
          [](const CallArgs& a) {
-           return weftScatter(a.send, a.recv, a.count, a.dtype, a.root, a.comm, kNoStream);
+           return weftScatter(a.send, a.recv, a.count, a.dtype, a.root, a.comm, a.stream);
          }},
     // Each rank sends to the next and receives from the previous, as one group. In place
     // (nccl-tests' convention: zero offsets), the same buffer is sent and received into.
@@ -201,9 +199,9 @@ const Collective kCollectives[] = {
            weftResult_t result = weftGroupStart();
            if (result != weftSuccess) return result;
            weftResult_t send =
-               weftSend(a.send, a.count, a.dtype, (a.rank + 1) % a.nranks, a.comm, nullptr);
+               weftSend(a.send, a.count, a.dtype, (a.rank + 1) % a.nranks, a.comm, a.stream);
            weftResult_t recv = weftRecv(a.recv, a.count, a.dtype,
-                                        (a.rank + a.nranks - 1) % a.nranks, a.comm, nullptr);
+                                        (a.rank + a.nranks - 1) % a.nranks, a.comm, a.stream);
            // Always close the group; its end reports a failure of either call.
            result = weftGroupEnd();
            if (send != weftSuccess) return send;

@@ -45,6 +45,7 @@ struct CallArgs {
   int rank;
   int nranks;
   weftComm_t comm;
+  weftStream_t stream;  // NULL: the call completes before it returns
 };
 
 struct Collective {

@@ -31,6 +31,8 @@ const char* const kUsage =
     "  -A, --algo ALGO           force an algorithm: sets WEFT_ALGO=<collective>:ALGO\n"
     "  -R, --local_register 0|1  1: buffers from weftMemAlloc, registered with the\n"
     "                            communicator (direct algorithms read them in place)\n"
+    "  -G, --gpu 0|1             1: device memory on a GPU communicator, calls on a CUDA\n"
+    "                            stream (default when a CUDA driver and GPU are present); 0: host\n"
     "  -t, -g, -m 1              nccl-tests' threads, GPUs and aggregation; only 1 is supported\n"
     "      --json                one JSON object per row instead of the table\n"
     "  -h, --help                this text\n";
@@ -150,6 +152,8 @@ const std::vector<Flag>& flags() {
          if (mode) o->register_buffers = *mode == 1;
          return mode.has_value();
        }},
+      {'G', "gpu", true,
+       [](Options* o, const std::string& v) { return store(parse_int_in(v, 0, 1), &o->gpu); }},
       {'t', "nthreads", true, [](Options*, const std::string& v) { return only_one(v); }},
       {'g', "ngpus", true, [](Options*, const std::string& v) { return only_one(v); }},
       {'m', "agg_iters", true, [](Options*, const std::string& v) { return only_one(v); }},

@@ -31,6 +31,9 @@ struct Options {
   std::string algorithm;  // -A: forced through WEFT_ALGO
   // -R 1: buffers from weftMemAlloc, registered with the communicator.
   bool register_buffers = false;
+  // -G: 1 device memory on a GPU communicator (calls on a CUDA stream, as nccl-tests), 0 host
+  // memory; -1 (the default): device memory when a CUDA driver and a GPU are there.
+  int gpu = -1;
   bool json = false;
   bool help = false;
 };

@@ -83,7 +83,7 @@ std::string json_measurement(const Measurement& m) {
 }  // namespace
 
 std::string format_header(const Options& options, int nranks, int library_version,
-                          const std::vector<RankLine>& ranks) {
+                          const std::vector<RankLine>& ranks, const std::string& note) {
   std::string text = format("# weft-perf version %d.%d.%d weft-headers=%d weft-library=%d\n",
                             WEFT_MAJOR, WEFT_MINOR, WEFT_PATCH, WEFT_VERSION, library_version);
   text += format("# Collective test starting: %s\n", options.collective.c_str());
@@ -100,9 +100,9 @@ std::string format_header(const Options& options, int nranks, int library_versio
                  algorithm.c_str());
   text += "#\n# Using devices\n";
   for (const RankLine& rank : ranks)
-    text += format("#  Rank %2d Group  0 Pid %6d on %10s device  -1 [cpu]\n", rank.rank, rank.pid,
-                   rank.host.c_str());
-  text += "#\n";
+    text += format("#  Rank %2d Group  0 Pid %6d on %10s device %3d [%s]\n", rank.rank, rank.pid,
+                   rank.host.c_str(), rank.device, rank.device < 0 ? "cpu" : "gpu");
+  text += "#\n" + note;
   const size_t prefix_width = row_columns("", "", "", "", "").size();
   const size_t placement_width = placement_columns({}).size();
   text += title_line(std::string(prefix_width, ' ') + centered("out-of-place", placement_width) +

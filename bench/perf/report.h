@@ -37,11 +37,13 @@ struct RankLine {
   int rank;
   int pid;
   std::string host;
+  int device = -1;  // the CUDA device of a GPU run, else -1 (the CPU)
 };
 
 // Everything above the first row: version, parameters, one line per rank, column titles.
+// `note`: lines (each starting "# ") set before the column titles, e.g. a GPU run's ceiling.
 std::string format_header(const Options& options, int nranks, int library_version,
-                          const std::vector<RankLine>& ranks);
+                          const std::vector<RankLine>& ranks, const std::string& note = "");
 // The table row, then (when the algorithm is known) a comment line with the
 // algorithm and the model's prediction, so nccl-tests parsers see the usual columns.
 std::string format_row(const Row& row);

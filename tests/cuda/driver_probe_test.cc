@@ -8,13 +8,16 @@
 
 #include <vector>
 
-#include "cuda/test_driver.h"
+#include "cuda_loader.h"
 #include "support/expect_error.h"
 #include "support/single_rank.h"
 #include "weft/weft.h"
 
 namespace weft::testing {
 namespace {
+
+using tools::gpu_present;
+using tools::use_gpu;
 
 class DriverLoadedLate : public SingleRankTest {};
 
@@ -31,7 +34,7 @@ TEST_F(DriverLoadedLate, IsFoundAtTheNextCall) {
 
   ASSERT_NE(dlopen(WEFT_EMULATED_DRIVER, RTLD_NOW | RTLD_GLOBAL), nullptr) << dlerror();
   std::string why;
-  const TestDriver* d = use_gpu(0, &why);
+  const tools::CudaDriver* d = use_gpu(0, &why);
   ASSERT_NE(d, nullptr) << why;
   ASSERT_TRUE(d->emulated);
   unsigned long long allocation = 0;

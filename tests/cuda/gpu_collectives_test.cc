@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/test_driver.h"
+#include "cuda_loader.h"
 #include "support/direct_cases.h"
 #include "support/expect_error.h"
 #include "support/multirank.h"
@@ -23,6 +23,9 @@
 
 namespace weft::testing {
 namespace {
+
+using tools::gpu_present;
+using tools::use_gpu;
 
 using algo::Collective;
 
@@ -38,7 +41,7 @@ std::string mode_name(const ::testing::TestParamInfo<Mode>& info) {
 }
 
 // Device buffers for run_case, on this thread's context.
-DeviceBuffers device_buffers(const TestDriver& d, weftStream_t stream) {
+DeviceBuffers device_buffers(const tools::CudaDriver& d, weftStream_t stream) {
   DeviceBuffers buffers;
   buffers.allocate = [&d](size_t bytes) -> void* {
     unsigned long long p = 0;
@@ -71,7 +74,7 @@ weftComm_t gpu_comm(int nranks, const weftUniqueId& id, int rank, int timeout_ms
 // each collective once blocking.
 void run_every_case(int rank, int nranks, const weftUniqueId& id) {
   std::string why;
-  const TestDriver* d = use_gpu(0, &why);
+  const tools::CudaDriver* d = use_gpu(0, &why);
   ASSERT_NE(d, nullptr) << why;
   weftComm_t comm = gpu_comm(nranks, id, rank);
   ASSERT_NE(comm, nullptr);
@@ -166,7 +169,7 @@ void in_child(const std::function<void(const RankContext&)>& body) {
 TEST_F(GpuErrors, BadInputIsNamed) {
   in_child([](const RankContext& context) {
     std::string why;
-    const TestDriver* d = use_gpu(0, &why);
+    const tools::CudaDriver* d = use_gpu(0, &why);
     ASSERT_NE(d, nullptr) << why;
     weftComm_t gpu = gpu_comm(1, context.id, 0);
     ASSERT_NE(gpu, nullptr);
@@ -232,7 +235,7 @@ TEST_F(GpuErrors, AStreamOfAnotherGpuIsRefused) {
   in_child([](const RankContext& context) {
     std::string why;
     if (use_gpu(1, &why) == nullptr) GTEST_SKIP() << "one GPU only: " << why;
-    const TestDriver* d = use_gpu(1, &why);
+    const tools::CudaDriver* d = use_gpu(1, &why);
     void* other_stream = nullptr;
     ASSERT_EQ(d->stream_create(&other_stream, 1), 0);
     weftStream_t other = nullptr;
@@ -265,7 +268,7 @@ TEST_F(GpuErrors, AStalledRankIsAnErrorOnTheOthersWithinTheTimeout) {
       3,
       [&](const RankContext& context) {
         std::string why;
-        const TestDriver* d = use_gpu(0, &why);
+        const tools::CudaDriver* d = use_gpu(0, &why);
         ASSERT_NE(d, nullptr) << why;
         weftComm_t comm = gpu_comm(3, context.id, context.rank);
         ASSERT_NE(comm, nullptr);

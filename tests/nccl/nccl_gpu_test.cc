@@ -15,11 +15,14 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/test_driver.h"
+#include "cuda_loader.h"
 #include "support/multirank.h"
 
 namespace weft::testing {
 namespace {
+
+using tools::gpu_present;
+using tools::use_gpu;
 
 #define NCCL_OK(call) ASSERT_EQ((call), ncclSuccess) << #call << ": " << ncclGetLastError(nullptr)
 
@@ -31,7 +34,7 @@ float input(int r, size_t i) {
 // One rank's checks on a GPU communicator of n ranks (this thread has the context current).
 // `default_stream`: also on stream 0 (not for ranks that are threads of one process: they would
 // share that stream, where each one's collective waits behind the others', as with NCCL).
-void exercise(const TestDriver& d, ncclComm_t comm, int rank, int n, bool default_stream) {
+void exercise(const tools::CudaDriver& d, ncclComm_t comm, int rank, int n, bool default_stream) {
   int device = -1;
   NCCL_OK(ncclCommCuDevice(comm, &device));
   EXPECT_EQ(device, 0);
@@ -107,7 +110,7 @@ TEST_P(NcclGpu, RanksAsProcesses) {
   // process forks once it has threads.
   run_ranks(GetParam(), [](const RankContext& context) {
     std::string why;
-    const TestDriver* d = use_gpu(0, &why);
+    const tools::CudaDriver* d = use_gpu(0, &why);
     ASSERT_NE(d, nullptr) << why;
     ncclUniqueId id;
     static_assert(sizeof(id) == sizeof(context.id));
@@ -125,7 +128,7 @@ TEST_P(NcclGpu, RanksAsThreadsOnOneGpu) {
   const pid_t child = fork();
   if (child == 0) {
     std::string why;
-    const TestDriver* d = use_gpu(0, &why);
+    const tools::CudaDriver* d = use_gpu(0, &why);
     if (d == nullptr) _exit(3);
     std::vector<ncclComm_t> comms(n);
     std::vector<int> devices(n, 0);  // every rank on GPU 0

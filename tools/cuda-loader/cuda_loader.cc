@@ -1,4 +1,4 @@
-#include "cuda/test_driver.h"
+#include "cuda_loader.h"
 
 #include <dlfcn.h>
 #include <sys/wait.h>
@@ -8,11 +8,11 @@
 #include <mutex>
 #include <type_traits>
 
-namespace weft::testing {
+namespace weft::tools {
 
 namespace {
 
-TestDriver g_driver;
+CudaDriver g_driver;
 std::string g_why;
 bool g_loaded = false;
 
@@ -46,6 +46,7 @@ bool load() {
   one("cuMemAlloc", &g_driver.mem_alloc);
   one("cuMemFree", &g_driver.mem_free);
   one("cuMemcpy", &g_driver.memcpy);
+  one("cuMemcpyAsync", &g_driver.memcpy_async);
   one("cuStreamCreate", &g_driver.stream_create);
   one("cuStreamDestroy", &g_driver.stream_destroy);
   one("cuStreamSynchronize", &g_driver.stream_synchronize);
@@ -60,14 +61,14 @@ bool load() {
 
 }  // namespace
 
-const char* TestDriver::error(int result) const {
+const char* CudaDriver::error(int result) const {
   const char* text = nullptr;
   return get_error_string != nullptr && get_error_string(result, &text) == 0 && text != nullptr
              ? text
              : "unknown error";
 }
 
-const TestDriver* use_gpu(int device, std::string* why) {
+const CudaDriver* use_gpu(int device, std::string* why) {
   static std::once_flag once;
   std::call_once(once, [] { g_loaded = load(); });
   if (!g_loaded) {
@@ -120,4 +121,4 @@ bool gpu_present(std::string* why) {
   return false;
 }
 
-}  // namespace weft::testing
+}  // namespace weft::tools
