@@ -376,4 +376,103 @@ bool lower(const Params& params, const LowerConfig& config, LoweredProgram* out,
   return true;
 }
 
+namespace {
+
+// A channel's chunks in order: which message, which bytes.
+struct Chunk {
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+};
+
+std::vector<Chunk> chunks_of(const std::vector<P2pMessage>& messages, int peer,
+                             uint64_t slot_bytes) {
+  std::vector<Chunk> chunks;
+  for (const P2pMessage& m : messages) {
+    if (m.peer != peer) continue;
+    if (m.bytes == 0) chunks.push_back({m.address, 0});  // still one chunk: the order is kept
+    for (uint64_t at = 0; at < m.bytes; at += slot_bytes)
+      chunks.push_back({m.address + at, std::min(slot_bytes, m.bytes - at)});
+  }
+  return chunks;
+}
+
+}  // namespace
+
+bool lower_p2p(int nranks, int rank, const std::vector<P2pMessage>& sends,
+               const std::vector<P2pMessage>& receives, const LowerConfig& config,
+               LoweredProgram* out, std::string* error) {
+  *out = LoweredProgram{};
+  if (config.slots == 0 || config.slot_bytes == 0) return fail(error, "empty slots");
+  for (const auto* list : {&sends, &receives})
+    for (const P2pMessage& m : *list)
+      if (m.peer < 0 || m.peer >= nranks)
+        return fail(error, "peer " + std::to_string(m.peer) + " is outside 0.." +
+                               std::to_string(nranks - 1));
+  auto op = [&](OpKind kind, Flag flag, int peer, uint64_t value) {
+    StreamOp s;
+    s.kind = kind;
+    s.flag = flag;
+    s.peer = peer;
+    s.value = value;
+    out->ops.push_back(s);
+  };
+  auto copy = [&](const Loc& dst, const Loc& src, uint64_t bytes) {
+    if (bytes == 0) return;
+    StreamOp s;
+    s.kind = OpKind::Copy;
+    s.dst = dst;
+    s.a = src;
+    s.bytes = bytes;
+    out->ops.push_back(s);
+  };
+  // To and from itself: copies, in order.
+  std::vector<P2pMessage> to_self, from_self;
+  for (const P2pMessage& m : sends)
+    if (m.peer == rank) to_self.push_back(m);
+  for (const P2pMessage& m : receives)
+    if (m.peer == rank) from_self.push_back(m);
+  if (to_self.size() != from_self.size())
+    return fail(error, std::to_string(to_self.size()) + " sends to this rank itself but " +
+                           std::to_string(from_self.size()) + " receives from it");
+  for (size_t k = 0; k < to_self.size(); ++k) {
+    if (to_self[k].bytes != from_self[k].bytes)
+      return fail(error, "a send of " + std::to_string(to_self[k].bytes) +
+                             " bytes to this rank itself meets a receive of " +
+                             std::to_string(from_self[k].bytes));
+    copy({Space::Output, -1, from_self[k].address}, {Space::Input, -1, to_self[k].address},
+         to_self[k].bytes);
+  }
+  std::vector<std::vector<Chunk>> out_chunks(nranks), in_chunks(nranks);
+  size_t rounds = 0;
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    out_chunks[p] = chunks_of(sends, p, config.slot_bytes);
+    in_chunks[p] = chunks_of(receives, p, config.slot_bytes);
+    rounds = std::max({rounds, out_chunks[p].size(), in_chunks[p].size()});
+  }
+  if (rounds >= (uint64_t{1} << kChunkBits))
+    return fail(error, "more than 2^24 chunks between two ranks; raise the slot size");
+  for (size_t c = 0; c < rounds; ++c) {
+    for (int p = 0; p < nranks; ++p) {
+      if (c >= out_chunks[p].size()) continue;
+      // The slot is free once the chunk that used it last was consumed; the first `slots`
+      // chunks wait for every chunk of earlier operations on the channel (value 0).
+      if (c == 0 || c >= config.slots)
+        op(OpKind::WaitFlag, Flag::Ack, p, c < config.slots ? 0 : c - config.slots + 1);
+      copy({Space::PeerInbound, p, c % config.slots * config.slot_bytes},
+           {Space::Input, -1, out_chunks[p][c].address}, out_chunks[p][c].bytes);
+      ++out->chunks_sent;
+      op(OpKind::WriteFlag, Flag::Inbound, p, c + 1);
+    }
+    for (int p = 0; p < nranks; ++p) {
+      if (c >= in_chunks[p].size()) continue;
+      op(OpKind::WaitFlag, Flag::Inbound, p, c + 1);
+      copy({Space::Output, -1, in_chunks[p][c].address},
+           {Space::Inbound, p, c % config.slots * config.slot_bytes}, in_chunks[p][c].bytes);
+      op(OpKind::WriteFlag, Flag::Ack, p, c + 1);
+    }
+  }
+  return true;
+}
+
 }  // namespace weft::algo

@@ -90,4 +90,26 @@ bool lower_all(const Params& params, const LowerConfig& config, std::vector<Lowe
 bool lower(const Params& params, const LowerConfig& config, LoweredProgram* out,
            std::string* error);
 
+// One point-to-point message of a rank: `bytes` at absolute address `address` to (sends) or
+// from (receives) `peer`.
+struct P2pMessage {
+  int32_t peer = -1;
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+};
+
+// Lowers one rank's point-to-point messages issued together (a group, or one call) to a list.
+// Buffers are addressed absolutely: Input and Output locations carry the address as their
+// offset (the executor binds both spaces to 0). Messages on one channel (to or from one peer)
+// travel in their order, chunk after chunk; channels advance in rounds (round c: chunk c of
+// every channel that sends, then of every channel that receives), so that ranks whose groups
+// hold matching messages cannot deadlock: a send waits only for the acknowledgement of a chunk
+// of an earlier round. The receiver must post the same sizes in the same order per channel.
+// Messages to and from this rank itself are copies, the k-th send to itself into the k-th
+// receive from itself (their sizes must be equal). False with *error for a peer out of range
+// or unmatched messages to itself.
+bool lower_p2p(int nranks, int rank, const std::vector<P2pMessage>& sends,
+               const std::vector<P2pMessage>& receives, const LowerConfig& config,
+               LoweredProgram* out, std::string* error);
+
 }  // namespace weft::algo

@@ -283,11 +283,11 @@ WEFT_API weftResult_t weftEventDestroy(weftEvent_t event);
  * the legacy default stream's work and returns once they completed. A
  * communicator's failure (a timeout, a dead peer) shows in
  * weftCommGetAsyncError and its next call; its queued work then drains with
- * meaningless results instead of hanging the stream. Not yet supported,
- * refused with weftInvalidUsage and a message saying so: send/recv and
- * AllToAllv on GPU communicators, GPU communicators spanning nodes, Weft
- * events on CUDA streams, device memory on a host communicator and host
- * memory on a GPU one. */
+ * meaningless results instead of hanging the stream. A group's sends and
+ * receives on a GPU communicator run as one operation. Refused with
+ * weftInvalidUsage and a message saying so: GPU communicators spanning nodes
+ * and Weft events on CUDA streams (not supported yet), device memory on a
+ * host communicator and host memory on a GPU one. */
 typedef enum { weftMemoryHost = 0, weftMemoryDevice = 1, weftMemoryManaged = 2 } weftMemoryType_t;
 WEFT_API weftResult_t weftPointerGetMemoryType(const void* ptr, weftMemoryType_t* type,
                                                int* device);

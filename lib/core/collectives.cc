@@ -481,7 +481,7 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
 
 Status submit_p2p(const P2PCall& call, Stream* stream) {
   if (call.comm->device() != nullptr || (stream != nullptr && stream->cuda.bound))
-    return cuda::refuse_p2p(*call.comm, stream);
+    return cuda::submit_p2p(call, stream);
   if (!in_group() && call.peer == call.comm->rank())
     return Error(weftInvalidUsage,
                  "peer %d is this rank: a send or receive to self outside weftGroupStart/End "

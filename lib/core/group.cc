@@ -4,6 +4,7 @@
 #include <span>
 
 #include "common/log.h"
+#include "core/cuda/device_collectives.h"
 
 namespace weft {
 
@@ -122,12 +123,15 @@ Status group_end() {
     Status error = g.first_error;
     g.first_error = Status::Ok();
     g.group.clear();
+    cuda::drop_group_p2p();
     return Status(error.code(),
                   "group abandoned because a call inside it failed: " + error.message());
   }
   Status status = launch(g.group, g.group_stream);
   g.group.clear();
-  return status;
+  // The group's GPU sends and receives: enqueued after its host work was.
+  Status gpu = cuda::flush_group_p2p();
+  return status.ok() ? gpu : status;
 }
 
 Status launch_direct(Job& job) {

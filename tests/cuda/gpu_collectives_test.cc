@@ -70,13 +70,16 @@ weftComm_t gpu_comm(int nranks, const weftUniqueId& id, int rank, int timeout_ms
   return comm;
 }
 
+// A rank whose assertion ends it early leaves its peers waiting: they fail within this.
+constexpr int kSuiteTimeoutMs = 20000;
+
 // Every case of one rank: each collective × dtype/op × count × placement, on the stream, then
 // each collective once blocking.
 void run_every_case(int rank, int nranks, const weftUniqueId& id) {
   std::string why;
   const tools::CudaDriver* d = use_gpu(0, &why);
   ASSERT_NE(d, nullptr) << why;
-  weftComm_t comm = gpu_comm(nranks, id, rank);
+  weftComm_t comm = gpu_comm(nranks, id, rank, kSuiteTimeoutMs);
   ASSERT_NE(comm, nullptr);
   void* cuda_stream = nullptr;
   ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
@@ -84,11 +87,13 @@ void run_every_case(int rank, int nranks, const weftUniqueId& id) {
   ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess) << weftGetLastError(comm);
   const DeviceBuffers on_stream = device_buffers(*d, stream);
   const DeviceBuffers blocking = device_buffers(*d, nullptr);
-  for (Collective c : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather,
-                       Collective::Broadcast, Collective::Reduce, Collective::AllToAll}) {
+  for (Collective c :
+       {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather,
+        Collective::Broadcast, Collective::Reduce, Collective::AllToAll, Collective::AllToAllv}) {
     for (auto [dtype, op] : dtype_ops(c))
       for (size_t count : {size_t{1}, size_t{7}, size_t{1031}})
         for (bool in_place : {false, true}) {
+          if (in_place && c == Collective::AllToAllv) continue;  // it has no in-place form
           const Case one{c, dtype, op, count, in_place, nranks - 1};
           const std::string error = run_case(comm, one, rank, nranks, {}, &on_stream);
           ASSERT_EQ(error, "") << "rank " << rank << ": " << algo::collective_name(c) << " "
@@ -145,6 +150,107 @@ TEST_P(GpuCollectives, EveryCollectiveIsExact) {
   for (std::thread& rank : ranks) rank.join();
 }
 
+// Point to point: a ring in one group (two messages to each neighbour, one of them larger
+// than the slots, one empty), then lone sends and receives between rank pairs, on the stream
+// and blocking; every byte checked.
+void run_point_to_point(int rank, int nranks, const weftUniqueId& id) {
+  std::string why;
+  const tools::CudaDriver* d = use_gpu(0, &why);
+  ASSERT_NE(d, nullptr) << why;
+  weftComm_t comm = gpu_comm(nranks, id, rank, kSuiteTimeoutMs);
+  ASSERT_NE(comm, nullptr);
+  void* cuda_stream = nullptr;
+  ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
+  weftStream_t stream = nullptr;
+  ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+  constexpr size_t kBig = 3001, kSmall = 5;  // int32 elements
+  auto value = [](int from, int message, size_t i) {
+    return static_cast<int32_t>(from * 100000 + message * 10000 + static_cast<int>(i));
+  };
+  auto device_copy = [&](const std::vector<int32_t>& host) {
+    unsigned long long p = 0;
+    EXPECT_EQ(d->mem_alloc(&p, std::max<size_t>(4, host.size() * 4)), 0);
+    if (!host.empty()) {
+      EXPECT_EQ(d->memcpy(p, reinterpret_cast<unsigned long long>(host.data()), host.size() * 4),
+                0);
+    }
+    return p;
+  };
+  auto host_copy = [&](unsigned long long p, size_t n) {
+    std::vector<int32_t> host(n);
+    if (n > 0) {
+      EXPECT_EQ(d->memcpy(reinterpret_cast<unsigned long long>(host.data()), p, n * 4), 0);
+    }
+    return host;
+  };
+  const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  const size_t sizes[3] = {kBig, kSmall, 0};
+  std::vector<unsigned long long> out, in;
+  for (int m = 0; m < 3; ++m) {
+    std::vector<int32_t> mine(sizes[m]);
+    for (size_t i = 0; i < sizes[m]; ++i) mine[i] = value(rank, m, i);
+    out.push_back(device_copy(mine));
+    in.push_back(device_copy(std::vector<int32_t>(sizes[m], -7)));
+  }
+  for (weftStream_t s : {stream, static_cast<weftStream_t>(nullptr)}) {
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    for (int m = 0; m < 3; ++m) {
+      ASSERT_EQ(weftSend(reinterpret_cast<void*>(out[m]), sizes[m], weftInt32, next, comm, s),
+                weftSuccess);
+      ASSERT_EQ(weftRecv(reinterpret_cast<void*>(in[m]), sizes[m], weftInt32, prev, comm, s),
+                weftSuccess);
+    }
+    ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+    if (s != nullptr) {
+      ASSERT_EQ(weftStreamSynchronize(s), weftSuccess);
+    }
+    for (int m = 0; m < 3; ++m) {
+      const std::vector<int32_t> got = host_copy(in[m], sizes[m]);
+      for (size_t i = 0; i < sizes[m]; ++i)
+        ASSERT_EQ(got[i], value(prev, m, i))
+            << "rank " << rank << " message " << m << " element " << i;
+    }
+  }
+  // Lone calls: even ranks send to the next, which receives (both on the stream).
+  if (nranks > 1 && !(nranks % 2 == 1 && rank == nranks - 1)) {
+    if (rank % 2 == 0)
+      ASSERT_EQ(weftSend(reinterpret_cast<void*>(out[0]), kBig, weftInt32, rank + 1, comm, stream),
+                weftSuccess);
+    else
+      ASSERT_EQ(weftRecv(reinterpret_cast<void*>(in[0]), kBig, weftInt32, rank - 1, comm, stream),
+                weftSuccess);
+    ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess);
+    if (rank % 2 == 1) {
+      const std::vector<int32_t> got = host_copy(in[0], kBig);
+      for (size_t i = 0; i < kBig; ++i) ASSERT_EQ(got[i], value(rank - 1, 0, i));
+    }
+  }
+  weftResult_t async = weftSuccess;
+  EXPECT_EQ(weftCommGetAsyncError(comm, &async), weftSuccess);
+  EXPECT_EQ(async, weftSuccess);
+  for (unsigned long long p : out) d->mem_free(p);
+  for (unsigned long long p : in) d->mem_free(p);
+  EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+  EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  d->stream_destroy(cuda_stream);
+}
+
+TEST_P(GpuCollectives, PointToPointIsExact) {
+  const Mode mode = GetParam();
+  if (!mode.threads) {
+    run_ranks(mode.nranks, [&](const RankContext& context) {
+      run_point_to_point(context.rank, context.nranks, context.id);
+    });
+    return;
+  }
+  weftUniqueId id;
+  ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < mode.nranks; ++r)
+    ranks.emplace_back([&, r] { run_point_to_point(r, mode.nranks, id); });
+  for (std::thread& rank : ranks) rank.join();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, GpuCollectives,
                          ::testing::Values(Mode{1, false, "auto"}, Mode{2, false, "auto"},
                                            Mode{3, false, "auto"}, Mode{4, false, "auto"},
@@ -189,12 +295,36 @@ TEST_F(GpuErrors, BadInputIsNamed) {
                  weftInvalidUsage, "is host memory");
     EXPECT_ERROR(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, gpu, host_stream),
                  weftInvalidUsage, "not a host stream");
-    std::vector<size_t> counts(1, 4), displs(1, 0);
-    EXPECT_ERROR(weftAllToAllv(buffer, counts.data(), displs.data(), buffer, counts.data(),
-                               displs.data(), weftFloat32, gpu, stream),
-                 weftInvalidUsage, "alltoallv");
+    EXPECT_ERROR(weftSend(host.data(), 4, weftFloat32, 0, gpu, stream), weftInvalidUsage,
+                 "sendbuff");
     EXPECT_ERROR(weftSend(buffer, 4, weftFloat32, 0, gpu, stream), weftInvalidUsage,
-                 "send/recv on a GPU communicator");
+                 "peer 0 is this rank");
+    // One group, two streams on one communicator.
+    void* second_cuda = nullptr;
+    ASSERT_EQ(d->stream_create(&second_cuda, 1), 0);
+    weftStream_t second = nullptr;
+    ASSERT_EQ(weftStreamCreateFromCuda(second_cuda, &second), weftSuccess);
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    EXPECT_EQ(weftSend(buffer, 4, weftFloat32, 0, gpu, stream), weftSuccess);
+    EXPECT_ERROR(weftRecv(buffer, 4, weftFloat32, 0, gpu, second), weftInvalidUsage, "same stream");
+    EXPECT_NE(weftGroupEnd(), weftSuccess);  // the group failed: nothing was enqueued
+    EXPECT_EQ(weftStreamDestroy(second), weftSuccess);
+    d->stream_destroy(second_cuda);
+    // A group's send to itself is a copy into its receive.
+    std::vector<float> values(16), back(16, -1);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i * 3);
+    unsigned long long other = 0;
+    ASSERT_EQ(d->mem_alloc(&other, 4096), 0);
+    ASSERT_EQ(d->memcpy(device, reinterpret_cast<unsigned long long>(values.data()), 64), 0);
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    EXPECT_EQ(weftSend(buffer, 16, weftFloat32, 0, gpu, stream), weftSuccess);
+    EXPECT_EQ(weftRecv(reinterpret_cast<void*>(other), 16, weftFloat32, 0, gpu, stream),
+              weftSuccess);
+    EXPECT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(gpu);
+    EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess);
+    ASSERT_EQ(d->memcpy(reinterpret_cast<unsigned long long>(back.data()), other, 64), 0);
+    EXPECT_EQ(back, values);
+    d->mem_free(other);
     // A split of a GPU communicator is one too.
     weftComm_t child = nullptr;
     ASSERT_EQ(weftCommSplit(gpu, 0, 0, &child, nullptr), weftSuccess) << weftGetLastError(gpu);

@@ -1,10 +1,10 @@
 // A program written against nccl.h on GPU communicators of the shim (libnccl.so.2 over Weft):
 // communicators made while a CUDA context is current run on its device; collectives on a
 // cudaStream_t (and on stream 0, the legacy default stream) return at once and are exact once
-// the stream is synchronised; groups of collectives; ncclMemAlloc gives device memory; what the
-// GPU path lacks is refused by name. Ranks as processes (ncclCommInitRank) and as threads of one
-// process on one GPU (ncclCommInitAll). Runs on a GPU (label gpu) and, for orchestration only,
-// on the host emulation of the driver (emulated.*).
+// the stream is synchronised; groups of collectives and of sends and receives; ncclMemAlloc gives
+// device memory; what the GPU path lacks is refused by name. Ranks as processes (ncclCommInitRank)
+// and as threads of one process on one GPU (ncclCommInitAll). Runs on a GPU (label gpu) and, for
+// orchestration only, on the host emulation of the driver (emulated.*).
 #include <gtest/gtest.h>
 #include <nccl.h>
 #include <sys/wait.h>
@@ -82,6 +82,17 @@ void exercise(const tools::CudaDriver& d, ncclComm_t comm, int rank, int n, bool
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(all[r * kCount + i], input(r, i));
   for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(root[i], input(n - 1, i));
+
+  // Send to the next rank, receive from the previous, as one group (PyTorch's all_to_all and
+  // pipeline transfers are such groups).
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(send, kCount, ncclFloat, next, comm, stream));
+  NCCL_OK(ncclRecv(recv, kCount, ncclFloat, prev, comm, stream));
+  NCCL_OK(ncclGroupEnd());
+  ASSERT_EQ(d.stream_synchronize(stream), 0);
+  to_device(root.data(), recv, kCount * sizeof(float));
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(root[i], input(prev, i)) << "element " << i;
 
   ncclResult_t async = ncclSuccess;
   NCCL_OK(ncclCommGetAsyncError(comm, &async));

@@ -1,13 +1,40 @@
 #include "core/cuda/device_collectives.h"
 
+#include <algorithm>
+
 #include "common/dtype.h"
 #include "common/log.h"
 #include "core/cuda/device_comm.h"
 #include "core/cuda/driver.h"
+#include "core/group.h"
 
 namespace weft::cuda {
 
 namespace {
+
+// The sends and receives of the calling thread's open group, by communicator, in call order.
+struct GroupedP2p {
+  Communicator* comm;
+  Stream* stream;
+  std::vector<algo::P2pMessage> sends, receives;
+};
+thread_local std::vector<GroupedP2p> t_group_p2p;
+
+// Enqueues one rank's messages as one operation; on no stream, waits for it.
+Status enqueue_p2p(Communicator& comm, Stream* stream, const std::vector<algo::P2pMessage>& sends,
+                   const std::vector<algo::P2pMessage>& receives, const char* what) {
+  DeviceComm& device = *comm.device();
+  std::shared_ptr<const DeviceProgram> program;
+  WEFT_RETURN_IF_ERROR(device.p2p_program(sends, receives, &program));
+  DeviceOp op;
+  op.program = program.get();
+  op.math.dtype = weftUint8;  // moves bytes; addresses are absolute (input and output 0)
+  op.what = what;
+  uint64_t ticket = 0;
+  WEFT_RETURN_IF_ERROR(device.enqueue(op, stream != nullptr ? stream->cuda.stream : nullptr,
+                                      stream != nullptr, &ticket));
+  return stream == nullptr ? device.wait(ticket) : Status::Ok();
+}
 
 bool is_reduction(algo::Collective collective) {
   return collective == algo::Collective::AllReduce ||
@@ -58,10 +85,6 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
   DeviceComm& device = *comm.device();
   const size_t element = dtype_size(call.dtype);
   WEFT_RETURN_IF_ERROR(validate_collective(comm, call, element));
-  if (call.collective == algo::Collective::AllToAllv)
-    return Error(weftInvalidUsage,
-                 "alltoallv on a GPU communicator is not built yet (its lowering needs every "
-                 "rank's counts): use AllToAll with padding, or a host communicator");
   const Communicator::PreMulSum* premul =
       is_reduction(call.collective) ? comm.premulsum(call.op) : nullptr;
   const algo::Params params = collective_params(comm, call, element, premul != nullptr);
@@ -80,6 +103,20 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
     WEFT_RETURN_IF_ERROR(
         check_device_memory(name, "the PreMulSum op's scalar", premul->pointer, device.device()));
   WEFT_RETURN_IF_ERROR(comm.usable());
+  if (call.collective == algo::Collective::AllToAllv) {
+    if (params.in_place) return Error(weftInvalidArgument, "alltoallv has no in-place form");
+    // Each rank's pieces to and from each peer, as one list of messages: no rank needs the
+    // others' counts (a receive that does not match its peer's send hangs until the timeout).
+    std::vector<algo::P2pMessage> sends, receives;
+    const auto send = reinterpret_cast<uintptr_t>(call.send);
+    const auto recv = reinterpret_cast<uintptr_t>(call.recv);
+    for (int p = 0; p < comm.nranks(); ++p) {
+      sends.push_back({p, send + call.send_displs[p] * element, call.send_counts[p] * element});
+      receives.push_back({p, recv + call.recv_displs[p] * element, call.recv_counts[p] * element});
+    }
+    comm.note_launch(name);
+    return enqueue_p2p(comm, stream, sends, receives, name);
+  }
 
   algo::Algorithm forced;
   const uint64_t bytes = call.count * element;
@@ -104,11 +141,54 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
   return Status::Ok();
 }
 
-Status refuse_p2p(const Communicator& comm, const Stream* stream) {
-  WEFT_RETURN_IF_ERROR(check_stream(comm, stream, "send/recv"));
-  return Error(weftInvalidUsage,
-               "send/recv on a GPU communicator is not built yet (collectives are): use a host "
-               "communicator for point-to-point transfers");
+Status submit_p2p(const P2PCall& call, Stream* stream) {
+  Communicator& comm = *call.comm;
+  const char* name = call.is_send ? "send" : "recv";
+  WEFT_RETURN_IF_ERROR(check_stream(comm, stream, name));
+  DeviceComm& device = *comm.device();
+  if (call.bytes > 0)
+    WEFT_RETURN_IF_ERROR(check_device_memory(name, call.is_send ? "sendbuff" : "recvbuff",
+                                             call.buffer, device.device()));
+  const algo::P2pMessage message{call.peer, reinterpret_cast<uintptr_t>(call.buffer), call.bytes};
+  if (!in_group()) {
+    WEFT_RETURN_IF_ERROR(comm.usable());
+    if (call.peer == comm.rank())
+      return Error(weftInvalidUsage,
+                   "peer %d is this rank: a send or receive to self outside weftGroupStart/End "
+                   "would wait for itself",
+                   call.peer);
+    const std::vector<algo::P2pMessage> one{message}, none;
+    return enqueue_p2p(comm, stream, call.is_send ? one : none, call.is_send ? none : one, name);
+  }
+  auto it = std::find_if(t_group_p2p.begin(), t_group_p2p.end(),
+                         [&](const GroupedP2p& g) { return g.comm == &comm; });
+  if (it == t_group_p2p.end()) {
+    t_group_p2p.push_back({&comm, stream, {}, {}});
+    it = t_group_p2p.end() - 1;
+  } else if (it->stream != stream) {
+    return Error(weftInvalidUsage,
+                 "%s: every send and receive of a group on one communicator must use the same "
+                 "stream (they run as one operation on it)",
+                 name);
+  }
+  (call.is_send ? it->sends : it->receives).push_back(message);
+  return Status::Ok();
+}
+
+Status flush_group_p2p() {
+  std::vector<GroupedP2p> pending = std::move(t_group_p2p);
+  t_group_p2p.clear();
+  Status first;
+  for (GroupedP2p& g : pending) {
+    Status status = g.comm->usable();
+    if (status.ok()) status = enqueue_p2p(*g.comm, g.stream, g.sends, g.receives, "send/recv");
+    if (!status.ok() && first.ok()) first = status;
+  }
+  return first;
+}
+
+void drop_group_p2p() {
+  t_group_p2p.clear();
 }
 
 }  // namespace weft::cuda

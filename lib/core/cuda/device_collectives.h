@@ -16,7 +16,13 @@ namespace weft::cuda {
 // far and completes before the call returns).
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream);
 
-// A send or receive on a GPU communicator: refused for now, naming what is missing.
-Status refuse_p2p(const Communicator& comm, const Stream* stream);
+// A send or receive on a GPU communicator (or given a CUDA stream). Inside a group it waits
+// for the group's end, where each communicator's messages become one list (lower_p2p);
+// otherwise it is enqueued (and, on no stream, completed) at once.
+Status submit_p2p(const P2PCall& call, Stream* stream);
+// At the end of the outermost group: enqueues the group's GPU sends and receives (or drops
+// them, when the group failed).
+Status flush_group_p2p();
+void drop_group_p2p();
 
 }  // namespace weft::cuda

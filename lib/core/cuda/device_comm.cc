@@ -376,15 +376,32 @@ Status DeviceComm::lower(const algo::Params& params, size_t element_size,
   for (const algo::LoweredProgram& list : all)
     built->predicted_us = std::max(built->predicted_us, predict(list, element_size));
   built->lowered = std::move(all[rank_]);
-  built->chunks_to.assign(nranks_, 0);
-  built->chunks_from.assign(nranks_, 0);
-  for (const algo::StreamOp& op : built->lowered.ops) {
+  count_channels(built.get());
+  built->algorithm = params.algorithm;
+  *out = std::move(built);
+  return Status::Ok();
+}
+
+void DeviceComm::count_channels(DeviceProgram* program) const {
+  program->chunks_to.assign(nranks_, 0);
+  program->chunks_from.assign(nranks_, 0);
+  for (const algo::StreamOp& op : program->lowered.ops) {
     if (op.kind != algo::OpKind::WriteFlag || op.value == 0) continue;
     // Each chunk raises the receiver's Inbound once (sent) and the sender's Ack once (consumed).
-    if (op.flag == algo::Flag::Inbound) ++built->chunks_to[op.peer];
-    if (op.flag == algo::Flag::Ack) ++built->chunks_from[op.peer];
+    if (op.flag == algo::Flag::Inbound) ++program->chunks_to[op.peer];
+    if (op.flag == algo::Flag::Ack) ++program->chunks_from[op.peer];
   }
-  built->algorithm = params.algorithm;
+}
+
+Status DeviceComm::p2p_program(const std::vector<algo::P2pMessage>& sends,
+                               const std::vector<algo::P2pMessage>& receives,
+                               std::shared_ptr<const DeviceProgram>* out) const {
+  auto built = std::make_shared<DeviceProgram>();
+  std::string error;
+  if (!algo::lower_p2p(nranks_, rank_, sends, receives, lower_config(1), &built->lowered, &error))
+    return Error(weftInvalidUsage, "send/recv on the GPU: %s", error.c_str());
+  count_channels(built.get());
+  built->predicted_us = predict(built->lowered, 1);
   *out = std::move(built);
   return Status::Ok();
 }

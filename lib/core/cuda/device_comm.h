@@ -80,6 +80,11 @@ class DeviceComm {
   // if given, else with the candidate the device cost model times fastest; cached per shape.
   Status plan(const algo::Params& params, size_t element_size, const algo::Algorithm* forced,
               std::shared_ptr<const DeviceProgram>* out);
+  // The list of one rank's point-to-point messages issued together (algo::lower_p2p; their
+  // buffers addressed absolutely, so a DeviceOp with input and output 0 runs it).
+  Status p2p_program(const std::vector<algo::P2pMessage>& sends,
+                     const std::vector<algo::P2pMessage>& receives,
+                     std::shared_ptr<const DeviceProgram>* out) const;
   // The last plan's algorithm name ("" before the first) and prediction (weftCommLastAlgorithm).
   const char* last_algorithm() const { return last_algorithm_; }
   double last_predicted_us() const { return last_predicted_us_; }
@@ -112,6 +117,8 @@ class DeviceComm {
   Status setup(const Allgather& allgather);
   Status lower(const algo::Params& params, size_t element_size,
                std::shared_ptr<DeviceProgram>* out) const;
+  // Counts what the list moves per channel.
+  void count_channels(DeviceProgram* program) const;
   Status ensure_scratch(size_t bytes);
   Status emit(const DeviceOp& op, drv::DevicePtr staged_input);
   drv::DevicePtr flag(drv::DevicePtr base, algo::Flag which, int peer) const;
