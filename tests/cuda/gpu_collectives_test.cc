@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,16 +76,54 @@ constexpr int kSuiteTimeoutMs = 20000;
 
 // Every case of one rank: each collective × dtype/op × count × placement, on the stream, then
 // each collective once blocking.
-void run_every_case(int rank, int nranks, const weftUniqueId& id) {
-  std::string why;
-  const tools::CudaDriver* d = use_gpu(0, &why);
-  ASSERT_NE(d, nullptr) << why;
-  weftComm_t comm = gpu_comm(nranks, id, rank, kSuiteTimeoutMs);
-  ASSERT_NE(comm, nullptr);
+// One rank of a suite: the driver on this thread, a GPU communicator and a stream of its own,
+// released at the end of the rank's scope.
+struct GpuRank {
+  GpuRank(int rank, int nranks, const weftUniqueId& id) {
+    std::string why;
+    d = use_gpu(0, &why);
+    EXPECT_NE(d, nullptr) << why;
+    if (d == nullptr) return;
+    comm = gpu_comm(nranks, id, rank, kSuiteTimeoutMs);
+    EXPECT_EQ(d->stream_create(&cuda_stream, 1), 0);
+    EXPECT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+  }
+  ~GpuRank() {
+    if (stream != nullptr) {
+      EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+    }
+    if (comm != nullptr) {
+      EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+    }
+    if (cuda_stream != nullptr) d->stream_destroy(cuda_stream);
+  }
+  bool ready() const { return stream != nullptr && comm != nullptr; }
+  const tools::CudaDriver* d = nullptr;
+  weftComm_t comm = nullptr;
   void* cuda_stream = nullptr;
-  ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
   weftStream_t stream = nullptr;
-  ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess) << weftGetLastError(comm);
+};
+
+// Runs `body(rank, nranks, id)` for every rank of `mode`: processes, or threads of this one.
+void run_mode(const Mode& mode, const std::function<void(int, int, const weftUniqueId&)>& body) {
+  if (!mode.threads) {
+    run_ranks(mode.nranks,
+              [&](const RankContext& context) { body(context.rank, context.nranks, context.id); });
+    return;
+  }
+  weftUniqueId id;
+  ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < mode.nranks; ++r) ranks.emplace_back([&, r] { body(r, mode.nranks, id); });
+  for (std::thread& rank : ranks) rank.join();
+}
+
+void run_every_case(int rank, int nranks, const weftUniqueId& id) {
+  GpuRank self(rank, nranks, id);
+  ASSERT_TRUE(self.ready());
+  const tools::CudaDriver* d = self.d;
+  weftComm_t comm = self.comm;
+  weftStream_t stream = self.stream;
   const DeviceBuffers on_stream = device_buffers(*d, stream);
   const DeviceBuffers blocking = device_buffers(*d, nullptr);
   for (Collective c :
@@ -109,9 +148,6 @@ void run_every_case(int rank, int nranks, const weftUniqueId& id) {
   ASSERT_EQ(weftCommLastAlgorithm(comm, &algorithm, &predicted), weftSuccess);
   EXPECT_NE(std::string(algorithm), "");
   EXPECT_GT(predicted, 0);
-  EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
-  EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
-  d->stream_destroy(cuda_stream);
 }
 
 class GpuCollectives : public ::testing::TestWithParam<Mode> {
@@ -130,39 +166,18 @@ class GpuCollectives : public ::testing::TestWithParam<Mode> {
 };
 
 TEST_P(GpuCollectives, EveryCollectiveIsExact) {
-  const Mode mode = GetParam();
-  if (!mode.threads) {
-    RunOptions options;
-    options.timeout_s = 300;
-    run_ranks(
-        mode.nranks,
-        [&](const RankContext& context) {
-          run_every_case(context.rank, context.nranks, context.id);
-        },
-        options);
-    return;
-  }
-  weftUniqueId id;
-  ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < mode.nranks; ++r)
-    ranks.emplace_back([&, r] { run_every_case(r, mode.nranks, id); });
-  for (std::thread& rank : ranks) rank.join();
+  run_mode(GetParam(), run_every_case);
 }
 
 // Point to point: a ring in one group (two messages to each neighbour, one of them larger
 // than the slots, one empty), then lone sends and receives between rank pairs, on the stream
 // and blocking; every byte checked.
 void run_point_to_point(int rank, int nranks, const weftUniqueId& id) {
-  std::string why;
-  const tools::CudaDriver* d = use_gpu(0, &why);
-  ASSERT_NE(d, nullptr) << why;
-  weftComm_t comm = gpu_comm(nranks, id, rank, kSuiteTimeoutMs);
-  ASSERT_NE(comm, nullptr);
-  void* cuda_stream = nullptr;
-  ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
-  weftStream_t stream = nullptr;
-  ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+  GpuRank self(rank, nranks, id);
+  ASSERT_TRUE(self.ready());
+  const tools::CudaDriver* d = self.d;
+  weftComm_t comm = self.comm;
+  weftStream_t stream = self.stream;
   constexpr size_t kBig = 3001, kSmall = 5;  // int32 elements
   auto value = [](int from, int message, size_t i) {
     return static_cast<int32_t>(from * 100000 + message * 10000 + static_cast<int>(i));
@@ -230,25 +245,10 @@ void run_point_to_point(int rank, int nranks, const weftUniqueId& id) {
   EXPECT_EQ(async, weftSuccess);
   for (unsigned long long p : out) d->mem_free(p);
   for (unsigned long long p : in) d->mem_free(p);
-  EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
-  EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
-  d->stream_destroy(cuda_stream);
 }
 
 TEST_P(GpuCollectives, PointToPointIsExact) {
-  const Mode mode = GetParam();
-  if (!mode.threads) {
-    run_ranks(mode.nranks, [&](const RankContext& context) {
-      run_point_to_point(context.rank, context.nranks, context.id);
-    });
-    return;
-  }
-  weftUniqueId id;
-  ASSERT_EQ(weftGetUniqueId(&id), weftSuccess);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < mode.nranks; ++r)
-    ranks.emplace_back([&, r] { run_point_to_point(r, mode.nranks, id); });
-  for (std::thread& rank : ranks) rank.join();
+  run_mode(GetParam(), run_point_to_point);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuCollectives,

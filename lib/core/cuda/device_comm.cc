@@ -62,8 +62,8 @@ double predict(const algo::LoweredProgram& lowered, size_t element_size) {
 // Regions of ranks that are threads of this process, by communicator nonce and rank: a peer
 // thread keeps the region alive while its stream may still write there.
 std::mutex g_regions_mutex;
-std::map<std::pair<std::string, int>, std::weak_ptr<ExportedRegion>>* g_regions =
-    new std::map<std::pair<std::string, int>, std::weak_ptr<ExportedRegion>>;
+std::map<std::pair<std::string, int>, std::weak_ptr<Region>>* g_regions =
+    new std::map<std::pair<std::string, int>, std::weak_ptr<Region>>;
 
 // One thread per process watches every device communicator with work in flight.
 class Watchdog {
@@ -224,8 +224,8 @@ Status DeviceComm::setup(const Allgather& allgather) {
 
   flags_bytes_ = (2 * static_cast<size_t>(nranks_) * sizeof(uint64_t) + 4095) / 4096 * 4096;
   const size_t region_bytes = flags_bytes_ + static_cast<size_t>(nranks_) * slots_ * slot_bytes_;
-  region_ = std::make_shared<ExportedRegion>();
-  WEFT_RETURN_IF_ERROR(ExportedRegion::allocate(handle, region_bytes, kind, region_.get()));
+  region_ = std::make_shared<Region>();
+  WEFT_RETURN_IF_ERROR(Region::allocate(handle, region_bytes, kind, region_.get()));
   // Counters start at zero before any peer can see them.
   WEFT_CU(d->stream_create(&queue_, drv::kStreamNonBlocking), "cuStreamCreate");
   WEFT_CU(d->stream_create(&rescue_, drv::kStreamNonBlocking), "cuStreamCreate");
@@ -274,7 +274,7 @@ Status DeviceComm::setup(const Allgather& allgather) {
         same_process_[r] = it != g_regions->end() ? it->second.lock() : nullptr;
         if (!same_process_[r] || same_process_[r]->base() != base)
           return Error(weftInternalError, "rank %d's GPU region is not in this process", r);
-        peers_[r] = ImportedRegion::from_pointer(base, bytes);
+        peers_[r] = Region::from_pointer(base, bytes);
         break;
       }
       case IpcKind::PosixFd: {
@@ -283,12 +283,11 @@ Status DeviceComm::setup(const Allgather& allgather) {
         if (message.fds.size() != 1)
           return Error(weftRemoteError, "rank %d sent %zu descriptors for its GPU region", r,
                        message.fds.size());
-        WEFT_RETURN_IF_ERROR(
-            ImportedRegion::from_fd(message.fds[0].get(), bytes, handle, &peers_[r]));
+        WEFT_RETURN_IF_ERROR(Region::from_fd(message.fds[0].get(), bytes, handle, &peers_[r]));
         break;
       }
       case IpcKind::Legacy:
-        WEFT_RETURN_IF_ERROR(ImportedRegion::from_legacy(handle_bytes, bytes, &peers_[r]));
+        WEFT_RETURN_IF_ERROR(Region::from_legacy(handle_bytes, bytes, &peers_[r]));
         break;
     }
   }

@@ -136,11 +136,11 @@ class DeviceComm {
   uint64_t slot_bytes_ = 0;
   uint32_t slots_ = 0;
   size_t flags_bytes_ = 0;
-  std::shared_ptr<ExportedRegion> region_;
-  std::vector<ImportedRegion> peers_;                          // by rank; empty for this rank
-  std::vector<std::shared_ptr<ExportedRegion>> same_process_;  // peers' regions kept alive
-  std::vector<IpcKind> kinds_;                                 // by rank
-  bool legacy_ = false;                                        // some peer maps Legacy
+  std::shared_ptr<Region> region_;
+  std::vector<Region> peers_;                          // by rank; empty for this rank
+  std::vector<std::shared_ptr<Region>> same_process_;  // peers' regions kept alive
+  std::vector<IpcKind> kinds_;                         // by rank
+  bool legacy_ = false;                                // some peer maps Legacy
   drv::Stream queue_ = nullptr, rescue_ = nullptr;
   drv::Event ready_ = nullptr, done_ = nullptr;
   // Completed operations, written by the stream after each one into pinned host memory.

@@ -81,22 +81,23 @@ bool supports_posix_fd(drv::Device device) {
          vmm != 0 && fds != 0;
 }
 
-ExportedRegion& ExportedRegion::operator=(ExportedRegion&& other) noexcept {
+Region& Region::operator=(Region&& other) noexcept {
   if (this != &other) {
     reset();
     base_ = std::exchange(other.base_, 0);
     bytes_ = std::exchange(other.bytes_, 0);
     kind_ = other.kind_;
+    imported_ = other.imported_;
     handle_ = std::exchange(other.handle_, 0);
   }
   return *this;
 }
 
-Status ExportedRegion::allocate(drv::Device device, size_t bytes, IpcKind kind,
-                                ExportedRegion* out) {
+Status Region::allocate(drv::Device device, size_t bytes, IpcKind kind, Region* out) {
   const Api& d = driver();
   out->reset();
   out->kind_ = kind;
+  out->imported_ = false;
   if (kind != IpcKind::PosixFd) {
     WEFT_DRIVER_CALL(d.mem_alloc(&out->base_, bytes), "cuMemAlloc");
     out->bytes_ = bytes;
@@ -119,50 +120,16 @@ Status ExportedRegion::allocate(drv::Device device, size_t bytes, IpcKind kind,
   return Status::Ok();
 }
 
-Status ExportedRegion::export_fd(int* fd) const {
-  *fd = -1;
-  WEFT_DRIVER_CALL(driver().mem_export_to_shareable_handle(fd, handle_, drv::kHandlePosixFd, 0),
-                   "cuMemExportToShareableHandle");
-  return Status::Ok();
-}
-
-Status ExportedRegion::export_legacy(drv::IpcMemHandle* handle) const {
-  WEFT_DRIVER_CALL(driver().ipc_get_mem_handle(handle, base_), "cuIpcGetMemHandle");
-  return Status::Ok();
-}
-
-void ExportedRegion::reset() {
-  if (base_ == 0) return;
-  if (kind_ == IpcKind::PosixFd) {
-    unmap_handle(base_, bytes_, handle_);
-  } else {
-    driver().mem_free(base_);
-  }
-  base_ = 0;
-  bytes_ = 0;
-  handle_ = 0;
-}
-
-ImportedRegion& ImportedRegion::operator=(ImportedRegion&& other) noexcept {
-  if (this != &other) {
-    reset();
-    base_ = std::exchange(other.base_, 0);
-    bytes_ = std::exchange(other.bytes_, 0);
-    kind_ = other.kind_;
-    handle_ = std::exchange(other.handle_, 0);
-  }
-  return *this;
-}
-
-ImportedRegion ImportedRegion::from_pointer(drv::DevicePtr base, size_t bytes) {
-  ImportedRegion region;
+Region Region::from_pointer(drv::DevicePtr base, size_t bytes) {
+  Region region;
   region.base_ = base;
   region.bytes_ = bytes;
   region.kind_ = IpcKind::Pointer;
+  region.imported_ = true;
   return region;
 }
 
-Status ImportedRegion::from_fd(int fd, size_t bytes, drv::Device device, ImportedRegion* out) {
+Status Region::from_fd(int fd, size_t bytes, drv::Device device, Region* out) {
   const Api& d = driver();
   out->reset();
   drv::MemHandle handle = 0;
@@ -178,12 +145,12 @@ Status ImportedRegion::from_fd(int fd, size_t bytes, drv::Device device, Importe
   out->base_ = base;
   out->bytes_ = bytes;
   out->kind_ = IpcKind::PosixFd;
+  out->imported_ = true;
   out->handle_ = handle;
   return Status::Ok();
 }
 
-Status ImportedRegion::from_legacy(const drv::IpcMemHandle& handle, size_t bytes,
-                                   ImportedRegion* out) {
+Status Region::from_legacy(const drv::IpcMemHandle& handle, size_t bytes, Region* out) {
   out->reset();
   drv::DevicePtr base = 0;
   WEFT_DRIVER_CALL(driver().ipc_open_mem_handle(&base, handle, drv::kIpcLazyEnablePeerAccess),
@@ -191,13 +158,28 @@ Status ImportedRegion::from_legacy(const drv::IpcMemHandle& handle, size_t bytes
   out->base_ = base;
   out->bytes_ = bytes;
   out->kind_ = IpcKind::Legacy;
+  out->imported_ = true;
   return Status::Ok();
 }
 
-void ImportedRegion::reset() {
+Status Region::export_fd(int* fd) const {
+  *fd = -1;
+  WEFT_DRIVER_CALL(driver().mem_export_to_shareable_handle(fd, handle_, drv::kHandlePosixFd, 0),
+                   "cuMemExportToShareableHandle");
+  return Status::Ok();
+}
+
+Status Region::export_legacy(drv::IpcMemHandle* handle) const {
+  WEFT_DRIVER_CALL(driver().ipc_get_mem_handle(handle, base_), "cuIpcGetMemHandle");
+  return Status::Ok();
+}
+
+void Region::reset() {
   if (base_ == 0) return;
   if (kind_ == IpcKind::PosixFd) {
-    unmap_handle(base_, bytes_, handle_);
+    unmap_handle(base_, bytes_, handle_);  // the physical memory lives while any process maps it
+  } else if (!imported_) {
+    driver().mem_free(base_);
   } else if (kind_ == IpcKind::Legacy) {
     driver().ipc_close_mem_handle(base_);
   }

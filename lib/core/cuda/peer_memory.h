@@ -22,23 +22,28 @@ namespace weft::cuda {
 enum class IpcKind : uint8_t { Pointer = 0, PosixFd = 1, Legacy = 2 };
 const char* ipc_kind_name(IpcKind kind);
 
-// This rank's shared allocation, exportable as `kind` (Pointer: not exported at all).
-class ExportedRegion {
+// Device memory shared between ranks: this rank's allocation (exportable as `kind`; Pointer:
+// not exported) or a peer's mapped here. Move-only; releasing undoes what made it.
+class Region {
  public:
-  ExportedRegion() = default;
-  ExportedRegion(ExportedRegion&& other) noexcept { *this = std::move(other); }
-  ExportedRegion& operator=(ExportedRegion&& other) noexcept;
-  ~ExportedRegion() { reset(); }
+  Region() = default;
+  Region(Region&& other) noexcept { *this = std::move(other); }
+  Region& operator=(Region&& other) noexcept;
+  ~Region() { reset(); }
 
   // At least `bytes` of device memory on `device` (the current context's).
-  static Status allocate(drv::Device device, size_t bytes, IpcKind kind, ExportedRegion* out);
+  static Status allocate(drv::Device device, size_t bytes, IpcKind kind, Region* out);
+  // A peer's region by its address (a thread of this process): nothing to release.
+  static Region from_pointer(drv::DevicePtr base, size_t bytes);
+  // `bytes` of the allocation behind `fd` (PosixFd), made accessible to `device`.
+  static Status from_fd(int fd, size_t bytes, drv::Device device, Region* out);
+  static Status from_legacy(const drv::IpcMemHandle& handle, size_t bytes, Region* out);
 
   drv::DevicePtr base() const { return base_; }
   size_t bytes() const { return bytes_; }
-  IpcKind kind() const { return kind_; }
-  // PosixFd: a new descriptor for the allocation (the caller closes it).
+  // An allocation of this rank's: a new descriptor for it (PosixFd; the caller closes it), or
+  // its legacy IPC handle.
   Status export_fd(int* fd) const;
-  // Legacy: the IPC handle's bytes.
   Status export_legacy(drv::IpcMemHandle* handle) const;
   void reset();
 
@@ -46,31 +51,8 @@ class ExportedRegion {
   drv::DevicePtr base_ = 0;
   size_t bytes_ = 0;
   IpcKind kind_ = IpcKind::Pointer;
+  bool imported_ = false;
   drv::MemHandle handle_ = 0;  // PosixFd: the physical allocation
-};
-
-// A peer's region mapped into this process.
-class ImportedRegion {
- public:
-  ImportedRegion() = default;
-  ImportedRegion(ImportedRegion&& other) noexcept { *this = std::move(other); }
-  ImportedRegion& operator=(ImportedRegion&& other) noexcept;
-  ~ImportedRegion() { reset(); }
-
-  // The peer's address as it is (a thread of this process).
-  static ImportedRegion from_pointer(drv::DevicePtr base, size_t bytes);
-  // `bytes` of the allocation behind `fd` (PosixFd), made accessible to `device`.
-  static Status from_fd(int fd, size_t bytes, drv::Device device, ImportedRegion* out);
-  static Status from_legacy(const drv::IpcMemHandle& handle, size_t bytes, ImportedRegion* out);
-
-  drv::DevicePtr base() const { return base_; }
-  void reset();
-
- private:
-  drv::DevicePtr base_ = 0;
-  size_t bytes_ = 0;
-  IpcKind kind_ = IpcKind::Pointer;
-  drv::MemHandle handle_ = 0;
 };
 
 // Whether `device` can export POSIX-fd handles (VMM and the handle type both supported).
