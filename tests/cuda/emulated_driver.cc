@@ -432,6 +432,17 @@ Result pointer_get_attributes(unsigned n, int* attributes, void** data, DevicePt
   return kSuccess;
 }
 
+Result mem_get_address_range(DevicePtr* base, size_t* bytes, DevicePtr ptr) {
+  NEED_INIT();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  uintptr_t start = 0;
+  const Range* range = find_range(static_cast<uintptr_t>(ptr), &start);
+  if (range == nullptr || range->host) return kNotFound;
+  if (base != nullptr) *base = start;
+  if (bytes != nullptr) *bytes = range->bytes;
+  return kSuccess;
+}
+
 Result stream_create(Stream** stream, unsigned) {
   NEED_CONTEXT();
   *stream = new Stream(current());
@@ -846,6 +857,7 @@ const Entry kEntries[] = {
     ENTRY("cuMemsetD8", memset_d8),
     ENTRY("cuStreamWriteValue64", stream_write_value64),
     ENTRY("cuStreamWaitValue64", stream_wait_value64),
+    ENTRY("cuMemGetAddressRange", mem_get_address_range),
     ENTRY("cuMemAlloc", mem_alloc),
     ENTRY("cuMemFree", mem_free),
     ENTRY("cuMemHostAlloc", mem_host_alloc),

@@ -295,6 +295,14 @@ TEST_F(GpuErrors, BadInputIsNamed) {
                  weftInvalidUsage, "is host memory");
     EXPECT_ERROR(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, gpu, host_stream),
                  weftInvalidUsage, "not a host stream");
+    // 4096 bytes allocated: 1025 floats do not fit, nor 1024 from byte 8 on.
+    EXPECT_ERROR(weftAllReduce(buffer, buffer, 1025, weftFloat32, weftSum, gpu, stream),
+                 weftInvalidArgument,
+                 "has 4096 bytes to the end of its allocation, but the call "
+                 "needs 4100");
+    EXPECT_ERROR(
+        weftBroadcast(static_cast<char*>(buffer) + 8, buffer, 1024, weftFloat32, 0, gpu, stream),
+        weftInvalidArgument, "sendbuff");
     EXPECT_ERROR(weftSend(host.data(), 4, weftFloat32, 0, gpu, stream), weftInvalidUsage,
                  "sendbuff");
     EXPECT_ERROR(weftSend(buffer, 4, weftFloat32, 0, gpu, stream), weftInvalidUsage,
@@ -361,13 +369,15 @@ TEST_F(GpuErrors, BadInputIsNamed) {
   });
 }
 
-TEST_F(GpuErrors, AStreamOfAnotherGpuIsRefused) {
+TEST_F(GpuErrors, AStreamOrMemoryOfAnotherGpuIsRefused) {
   in_child([](const RankContext& context) {
     std::string why;
     if (use_gpu(1, &why) == nullptr) GTEST_SKIP() << "one GPU only: " << why;
     const tools::CudaDriver* d = use_gpu(1, &why);
     void* other_stream = nullptr;
     ASSERT_EQ(d->stream_create(&other_stream, 1), 0);
+    unsigned long long elsewhere = 0;  // memory of GPU 1
+    ASSERT_EQ(d->mem_alloc(&elsewhere, 4096), 0);
     weftStream_t other = nullptr;
     ASSERT_EQ(weftStreamCreateFromCuda(other_stream, &other), weftSuccess);
     ASSERT_NE(use_gpu(0, &why), nullptr) << why;
@@ -378,9 +388,13 @@ TEST_F(GpuErrors, AStreamOfAnotherGpuIsRefused) {
     void* buffer = reinterpret_cast<void*>(device);
     EXPECT_ERROR(weftAllReduce(buffer, buffer, 16, weftFloat32, weftSum, gpu, other),
                  weftInvalidArgument, "stream belongs to GPU 1");
+    EXPECT_ERROR(weftAllReduce(reinterpret_cast<void*>(elsewhere), buffer, 16, weftFloat32, weftSum,
+                               gpu, nullptr),
+                 weftInvalidArgument, "is memory of GPU 1, but this communicator runs on GPU 0");
     EXPECT_EQ(weftStreamDestroy(other), weftSuccess);
     EXPECT_EQ(weftCommDestroy(gpu), weftSuccess);
     d->mem_free(device);
+    d->mem_free(elsewhere);
   });
 }
 

@@ -62,8 +62,10 @@ Status check_stream(const Communicator& comm, const Stream* stream, const char* 
   return Status::Ok();
 }
 
-// A buffer the GPU path reads or writes: device (or managed) memory of the communicator's GPU.
-Status check_device_memory(const char* name, const char* what, const void* ptr, int device) {
+// A buffer the GPU path reads or writes: device (or managed) memory of the communicator's GPU,
+// with at least `bytes` from `ptr` to the end of its allocation.
+Status check_device_memory(const char* name, const char* what, const void* ptr, int device,
+                           uint64_t bytes) {
   const PointerInfo info = pointer_info(ptr);
   if (info.type == weftMemoryHost)
     return Error(weftInvalidUsage,
@@ -74,6 +76,16 @@ Status check_device_memory(const char* name, const char* what, const void* ptr, 
     return Error(weftInvalidArgument,
                  "%s: %s %p is memory of GPU %d, but this communicator runs on GPU %d", name, what,
                  ptr, info.device, device);
+  drv::DevicePtr base = 0;
+  size_t size = 0;
+  const auto at = reinterpret_cast<drv::DevicePtr>(ptr);
+  // Managed memory and some allocators have no range to ask: then there is nothing to check.
+  if (info.type == weftMemoryDevice &&
+      api()->mem_get_address_range(&base, &size, at) == drv::kSuccess && base + size - at < bytes)
+    return Error(weftInvalidArgument,
+                 "%s: %s %p has %llu bytes to the end of its allocation, but the call needs %llu",
+                 name, what, ptr, static_cast<unsigned long long>(base + size - at),
+                 static_cast<unsigned long long>(bytes));
   return Status::Ok();
 }
 
@@ -96,12 +108,15 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
     return Error(weftInvalidArgument, "%s: recvbuff is NULL with count %llu", name,
                  static_cast<unsigned long long>(call.count));
   if (reads > 0)
-    WEFT_RETURN_IF_ERROR(check_device_memory(name, "sendbuff", call.send, device.device()));
+    WEFT_RETURN_IF_ERROR(
+        check_device_memory(name, "sendbuff", call.send, device.device(), reads * element));
   if (writes > 0)
-    WEFT_RETURN_IF_ERROR(check_device_memory(name, "recvbuff", call.recv, device.device()));
+    WEFT_RETURN_IF_ERROR(
+        check_device_memory(name, "recvbuff", call.recv, device.device(), writes * element));
   if (premul != nullptr && !premul->immediate)
     WEFT_RETURN_IF_ERROR(
-        check_device_memory(name, "the PreMulSum op's scalar", premul->pointer, device.device()));
+        check_device_memory(name, "the PreMulSum op's scalar", premul->pointer, device.device(),
+                            element));
   WEFT_RETURN_IF_ERROR(comm.usable());
   if (call.collective == algo::Collective::AllToAllv) {
     if (params.in_place) return Error(weftInvalidArgument, "alltoallv has no in-place form");
@@ -148,7 +163,7 @@ Status submit_p2p(const P2PCall& call, Stream* stream) {
   DeviceComm& device = *comm.device();
   if (call.bytes > 0)
     WEFT_RETURN_IF_ERROR(check_device_memory(name, call.is_send ? "sendbuff" : "recvbuff",
-                                             call.buffer, device.device()));
+                                             call.buffer, device.device(), call.bytes));
   const algo::P2pMessage message{call.peer, reinterpret_cast<uintptr_t>(call.buffer), call.bytes};
   if (!in_group()) {
     WEFT_RETURN_IF_ERROR(comm.usable());

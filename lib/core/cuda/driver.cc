@@ -99,6 +99,7 @@ bool resolve(void* library, Api* d) {
          one("cuMemUnmap", &d->mem_unmap) && one("cuMemSetAccess", &d->mem_set_access) &&
          one("cuMemExportToShareableHandle", &d->mem_export_to_shareable_handle) &&
          one("cuMemImportFromShareableHandle", &d->mem_import_from_shareable_handle) &&
+         one("cuMemGetAddressRange", &d->mem_get_address_range) &&
          one("cuMemAlloc", &d->mem_alloc) && one("cuMemFree", &d->mem_free) &&
          one("cuIpcGetMemHandle", &d->ipc_get_mem_handle) &&
          one("cuIpcOpenMemHandle", &d->ipc_open_mem_handle) &&

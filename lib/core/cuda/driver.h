@@ -134,6 +134,7 @@ struct Api {
   drv::Result (*mem_set_access)(drv::DevicePtr, size_t, const drv::AccessDesc*, size_t);
   drv::Result (*mem_export_to_shareable_handle)(void*, drv::MemHandle, int, unsigned long long);
   drv::Result (*mem_import_from_shareable_handle)(drv::MemHandle*, void*, int);
+  drv::Result (*mem_get_address_range)(drv::DevicePtr*, size_t*, drv::DevicePtr);
   drv::Result (*mem_alloc)(drv::DevicePtr*, size_t);
   drv::Result (*mem_free)(drv::DevicePtr);
   drv::Result (*ipc_get_mem_handle)(drv::IpcMemHandle*, drv::DevicePtr);
