@@ -42,6 +42,9 @@ const std::vector<BadValues>& bad_values() {
       {"WEFT_FAST_PATH", {"2", "fast"}},
       {"WEFT_SHM_ZERO_COPY_BYTES", {"-1", "8KB", "inf"}},
       {"WEFT_SHM_CMA_BYTES", {"-1", "1.5K"}},
+      {"WEFT_CUDA_SLOT_BYTES", {"32", "4X"}},
+      {"WEFT_CUDA_SLOTS", {"0", "65", "two"}},
+      {"WEFT_CUDA_IPC", {"nvlink", "fd"}},
   };
   return cases;
 }
@@ -100,7 +103,8 @@ TEST(EnvConfig, GoodValuesParse) {
         Good{"WEFT_DEBUG", "info", 2}, Good{"WEFT_REDUCE_ISA", "AVX2", 1},
         Good{"WEFT_DEBUG_SUBSYS", "init,Coll", weft::kLogINIT | weft::kLogCOLL},
         Good{"WEFT_LOCAL_RANK", "0", 0}, Good{"WEFT_CHECK", "off", 0},
-        Good{"WEFT_CHECK", "FULL", 2}}) {
+        Good{"WEFT_CHECK", "FULL", 2}, Good{"WEFT_CUDA_SLOT_BYTES", "1M", 1 << 20},
+        Good{"WEFT_CUDA_SLOTS", "4", 4}, Good{"WEFT_CUDA_IPC", "Legacy", 2}}) {
     std::string expected;
     EXPECT_EQ(weft::parse_env_value(weft::env_var(g.name), g.text, &expected), g.value)
         << g.name << "=" << g.text << ": " << expected;
