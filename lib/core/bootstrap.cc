@@ -260,6 +260,10 @@ void Root::run() {
     }
   }
   WEFT_LOG(INFO, BOOTSTRAP, "bootstrap root finished (%d ranks)", nranks_);
+  // Ranks of this process end with it: their goodbye may still be unread, and there is nobody
+  // in this process left to tell. Ranks elsewhere still hear of the others.
+  for (Connection& connection : connections_)
+    if (connection.rank >= 0 && connection.label == own_label_) connection.left = true;
   while (!connections_.empty()) drop(connections_.begin(), "its process exited");
   listener_.reset();
   {
