@@ -204,10 +204,9 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params, JobB
 
 }  // namespace
 
-JobMath collective_math(const Communicator& comm, const CollectiveCall& call,
-                        const algo::Params& params, size_t element,
-                        const Communicator::PreMulSum* premul) {
-  JobMath math;
+void describe_math(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
+                   size_t element, const Communicator::PreMulSum* premul, JobMath* out) {
+  JobMath& math = *out;  // filled in place: the fast path builds one per call
   math.dtype = call.dtype;
   math.element_size = element;
   math.op = reduce_op(call.op);
@@ -222,7 +221,6 @@ JobMath collective_math(const Communicator& comm, const CollectiveCall& call,
     math.divide_count = call.count;
     math.divisor = static_cast<uint64_t>(comm.nranks());
   }
-  return math;
 }
 
 namespace {
@@ -233,7 +231,7 @@ void describe_job(const Communicator& comm, const CollectiveCall& call, const al
                   size_t element, const Communicator::PreMulSum* premul, Job* job) {
   job->input = static_cast<std::byte*>(const_cast<void*>(call.send));
   job->output = static_cast<std::byte*>(call.recv);
-  job->math = collective_math(comm, call, params, element, premul);
+  describe_math(comm, call, params, element, premul, &job->math);
   job->tag_kind = TagKind::Collective;
   job->what = name_of(call.collective);
   job->shape.collective = call.collective;

@@ -44,9 +44,8 @@ struct P2PCall {
 Status validate_collective(Communicator& comm, const CollectiveCall& call, size_t element);
 algo::Params collective_params(const Communicator& comm, const CollectiveCall& call, size_t element,
                                bool premul);
-JobMath collective_math(const Communicator& comm, const CollectiveCall& call,
-                        const algo::Params& params, size_t element,
-                        const Communicator::PreMulSum* premul);
+void describe_math(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
+                   size_t element, const Communicator::PreMulSum* premul, JobMath* out);
 
 // Run now (stream null) or queued on the stream; inside a group, with the group.
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream);

@@ -114,9 +114,8 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
     WEFT_RETURN_IF_ERROR(
         check_device_memory(name, "recvbuff", call.recv, device.device(), writes * element));
   if (premul != nullptr && !premul->immediate)
-    WEFT_RETURN_IF_ERROR(
-        check_device_memory(name, "the PreMulSum op's scalar", premul->pointer, device.device(),
-                            element));
+    WEFT_RETURN_IF_ERROR(check_device_memory(name, "the PreMulSum op's scalar", premul->pointer,
+                                             device.device(), element));
   WEFT_RETURN_IF_ERROR(comm.usable());
   if (call.collective == algo::Collective::AllToAllv) {
     if (params.in_place) return Error(weftInvalidArgument, "alltoallv has no in-place form");
@@ -142,7 +141,7 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
   op.program = program.get();
   op.input = reinterpret_cast<drv::DevicePtr>(call.send);
   op.output = reinterpret_cast<drv::DevicePtr>(call.recv);
-  op.math = collective_math(comm, call, params, element, premul);
+  describe_math(comm, call, params, element, premul, &op.math);
   op.what = name;
   WEFT_LOG(TRACE, COLL, "%s count %llu %s on GPU %d: %s, %zu stream operations, %.1f us predicted",
            name, static_cast<unsigned long long>(call.count), dtype_name(call.dtype),
