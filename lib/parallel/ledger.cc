@@ -282,24 +282,26 @@ void expect_moe(Ledger& e, const ModelConfig& c, size_t micro,
     stage("ep", "expert:ep", ep, size_t(c.experts), rows, double(rows * (ep - 1) / ep),
           !c.ep_sync_free);
   } else if (ep > 1) {
-    // HierMoeDispatcher: a token goes once to each node its k slots reach,
-    // under uniform routing with probability reach = 1 − C(E − E/N, k)/C(E, k)
-    // (1 when fewer than k experts lie outside any node); the proxy there
-    // receives the tokens of the N sources at its node position and fans
-    // them out over the node's l ranks.
+    // HierMoeDispatcher: a token goes once to each node its k slots reach, and
+    // the proxy there (the rank at the source's node position) sends it once to
+    // each other rank of the node that one of its slots names. Under uniform
+    // routing a token misses a set of `own` experts with probability
+    // C(E − own, k)/C(E, k) (0 when fewer than k experts lie outside it).
     auto l = static_cast<size_t>(c.ep_node_ranks), nodes = ep / l;
     auto experts = static_cast<size_t>(c.experts), k = static_cast<size_t>(c.topk);
-    double miss = 1;  // C(E − E/N, k) / C(E, k)
-    for (size_t j = 0; j < k; ++j)
-      miss *= j + experts / nodes < experts
-                  ? double(experts - experts / nodes - j) / double(experts - j)
-                  : 0;
-    const double tokens = double(rows / k), reach = 1 - miss;
+    auto miss = [&](size_t own) {
+      double p = 1;
+      for (size_t j = 0; j < k; ++j)
+        p *= j + own < experts ? double(experts - own - j) / double(experts - j) : 0;
+      return p;
+    };
+    const double tokens = double(rows / k), reach = 1 - miss(experts / nodes);
     stage("ep.inter", "expert:ep", ep, experts, rows, tokens * double(nodes - 1) * reach, true);
+    // The proxy's buffer: the tokens of its N sources that reach the node, k slots each.
     const auto proxy = static_cast<size_t>(std::llround(tokens * double(nodes) * reach));
     if (l > 1)
       stage("ep.intra", "expert:ep.node", l, experts / nodes, proxy * k,
-            double(proxy * k * (l - 1) / l), true);
+            tokens * double(nodes) * double(l - 1) * (1 - miss(experts / ep)), true);
   }
   int edp = c.dp / c.ep;
   if (edp > 1)

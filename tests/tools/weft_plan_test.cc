@@ -420,6 +420,18 @@ TEST(PlanMemory, ZeroStagesAndSequenceParallelShardWhatTheySay) {
   EXPECT_NEAR(plan::plan(o, cluster).memory.activations, sbh * 34 / 2 * 4, 1);
 }
 
+// Adam's moments in bf16 (as DeepSeek-V3 keeps them): 2·2 bytes per parameter instead of
+// 2·4, beside the fp32 master copy of bf16 weights.
+TEST(PlanMemory, MomentsDtypeSizesTheOptimizerStates) {
+  const weft::topo::Cluster cluster = test_cluster();
+  plan::Options o = llama_70b();
+  o.zero = 1;
+  const double fp32 = plan::plan(o, cluster).memory.optimizer;
+  o.moments = weftBfloat16;
+  EXPECT_NEAR(plan::plan(o, cluster).memory.optimizer, fp32 * (2 * 2 + 4) / (2 * 4 + 4),
+              fp32 * 1e-12);
+}
+
 TEST(PlanModel, PresetsMatchTheirPublishedParameterCounts) {
   struct Want {
     const char* name;
@@ -514,6 +526,102 @@ TEST(PlanContext, RingKvShiftsCarryTheKvHeads) {
   EXPECT_EQ(shift_bytes(1, 1), size_t{2} * 2048 * 1 * 64 * 2);
   EXPECT_EQ(shift_bytes(4, 2), size_t{2} * 2048 * 2 * 64 * 2);
   EXPECT_EQ(shift_bytes(1, 2), size_t{2} * 2048 * 1 * 64 * 2);
+}
+
+// The ring's shifts are posted before the block of attention they overlap: a layer's forward
+// (backward) shifts are exposed by what exceeds its cp − 1 blocks of attention (twice that in
+// backward, where K|V and the dK|dV accumulators travel together), each block a cp-th of the
+// rank's attention FLOPs: 2·(seq/cp)·seq·heads·(2·head_dim)·½ (causal).
+TEST(PlanContext, RingShiftsHideBehindTheBlockOfAttentionTheyOverlap) {
+  weft::topo::Cluster cluster = test_cluster();
+  plan::Options o;
+  o.model.layers = 2, o.model.hidden = 1024, o.model.heads = 16, o.model.kv_heads = 16;
+  o.model.ffn = 2048, o.model.vocab = 1024;
+  o.global_batch = 2, o.micro_batch = 1, o.seq = 8192, o.cp = 4, o.dp = 2, o.cp_algo = "ring";
+  ASSERT_EQ(plan::validate(o, cluster), "");
+  const double attention_flops = 2.0 * (8192 / 4) * 8192 * 16 * (2 * 64) * 0.5, block = 1.0 / 4;
+  struct Window {
+    double comm_s = 0, exposed_s = 0, shift_s = 0;
+  };
+  auto windows = [&](double tflops) {
+    cluster.device.tflops = tflops;
+    std::map<std::string, Window> out;
+    for (const plan::Entry& e : plan::plan(o, cluster).entries) {
+      if (!e.ledger.pattern.starts_with("cp.")) continue;
+      EXPECT_TRUE(e.window == "attn" || e.window == "attn-bwd") << e.ledger.pattern;
+      EXPECT_EQ(e.calls_per_layer, 3) << e.ledger.pattern;
+      Window& w = out[e.window];
+      w.comm_s += e.total_s, w.exposed_s += e.exposed_s, w.shift_s += e.call_us * 1e-6;
+    }
+    EXPECT_EQ(out.size(), 2u);
+    return out;
+  };
+  // A device so fast that attention takes no time: every shift is exposed.
+  for (const auto& [name, w] : windows(1e12)) EXPECT_NEAR(w.exposed_s, w.comm_s, 1e-9) << name;
+  // So slow that each block outlasts its shifts: none is.
+  for (const auto& [name, w] : windows(1e-6)) EXPECT_EQ(w.exposed_s, 0) << name;
+  // In between: a forward block of half a step's shifts (backward: twice as long as forward).
+  const Window fwd = windows(1)["attn"];
+  const double tflops = attention_flops * block / (fwd.shift_s / 2) / 1e12;
+  for (const auto& [name, w] : windows(tflops)) {
+    const double block_s = (name == "attn" ? 1 : 2) * attention_flops * block / (tflops * 1e12);
+    const double per_step = std::max(0.0, w.shift_s - block_s);
+    EXPECT_GT(per_step, 0) << name;
+    // 3 steps per layer, 2 layers, 2 micro-batches... of which the step's are the one rank's.
+    EXPECT_NEAR(w.exposed_s, per_step * 3 * 2 * 1, w.comm_s * 1e-9) << name;
+  }
+}
+
+// The pipeline's sends are asynchronous (the library waits only for receives): a transfer
+// hides behind the next micro-batch's compute except on the fill and the drain, where each of
+// the pp − 1 links is crossed once forward and once backward in turn.
+TEST(PlanPipeline, OnlyTheFillAndTheDrainWaitForTransfers) {
+  const weft::topo::Cluster cluster = test_cluster();
+  const plan::Options o = llama_70b();
+  ASSERT_EQ(plan::validate(o, cluster), "");
+  const plan::Result r = plan::plan(o, cluster);
+  const plan::Entry *send = nullptr, *recv = nullptr;
+  for (const plan::Entry& e : r.entries) {
+    if (e.ledger.pattern == "pp.forward" && e.ledger.primitive == "send") send = &e;
+    if (e.ledger.pattern == "pp.backward" && e.ledger.primitive == "recv") recv = &e;
+  }
+  ASSERT_TRUE(send != nullptr && recv != nullptr);
+  EXPECT_EQ(send->window, "pp");
+  EXPECT_EQ(send->ledger.calls, 64u);  // one per micro-batch
+  EXPECT_GT(send->call_us, 0);
+  EXPECT_NEAR(send->exposed_s, 3 * send->call_us * 1e-6, 1e-12);
+  // The backward transfer carries the same bytes over the same link: the same hop.
+  EXPECT_EQ(recv->ledger.bytes_per_call, send->ledger.bytes_per_call);
+  EXPECT_NEAR(recv->exposed_s, send->exposed_s, 1e-12);
+  EXPECT_LT(send->exposed_s, send->total_s / 10);
+}
+
+// The hierarchical dispatch's intra-node stage: the proxy sends a row once to each other
+// rank of its node that one of the row's k slots names. Its planned bytes are the
+// expectation over every equally likely choice of k distinct experts, enumerated here.
+TEST(PlanExperts, HierarchicalIntraNodeBytesAreTheEnumeratedExpectation) {
+  constexpr int kExperts = 16, kTopk = 4, kEp = 8, kNodeRanks = 4, kNodes = 2, kHidden = 512;
+  constexpr int kTokens = 1024, kPerRank = kExperts / kEp;
+  double named = 0, choices = 0;  // other ranks of the proxy's node named, over all choices
+  for (unsigned mask = 0; mask < (1u << kExperts); ++mask) {
+    if (__builtin_popcount(mask) != kTopk) continue;
+    choices += 1;
+    for (int rank = 1; rank < kNodeRanks; ++rank)
+      named += ((mask >> (rank * kPerRank)) & ((1u << kPerRank) - 1)) != 0;
+  }
+  const double rows = double(kTokens) * kNodes * named / choices;  // from both nodes' sources
+  const Outcome planned = weft_plan(
+      "--layers 1 --hidden " + std::to_string(kHidden) + " --heads 8 --ffn 1024 --vocab 1024 " +
+      "--experts " + std::to_string(kExperts) + " --topk " + std::to_string(kTopk) +
+      " --comm-dtype fp32 --train 8,1," + std::to_string(kTokens) + " --ep " + std::to_string(kEp) +
+      " --dp 1 --ep-dispatch hier --cluster " + kData + "plan-2x4.json --json");
+  ASSERT_EQ(planned.exit_code, 0) << planned.out;
+  const size_t at = planned.out.find("{\"pattern\":\"ep.intra.dispatch\"");
+  ASSERT_NE(at, std::string::npos) << planned.out;
+  const double calls = number_after(planned.out, "calls", at);
+  ASSERT_GT(calls, 0);
+  EXPECT_NEAR(number_after(planned.out, "bytes_sent", at) / calls, rows * kHidden * 4, 1)
+      << planned.out;
 }
 
 // The EP, CP and PP entries are timed by the tuner on their groups as DP's and TP's are:
@@ -706,6 +814,40 @@ TEST(PlanSearch, RanksWhatFitsAndSaysWhyTheRestDoesNot) {
   }
   ASSERT_FALSE(steps.empty()) << out.out;
   for (size_t i = 1; i < steps.size(); ++i) EXPECT_LE(steps[i - 1], steps[i]);
+}
+
+// A mesh that does not fit with selective recomputation is tried with full recomputation
+// (a fourth pass for the activations of one layer input each), and says so.
+TEST(PlanSearch, TriesFullRecomputationWhenSelectiveDoesNotFit) {
+  const std::string model =
+      "--layers 8 --hidden 4096 --heads 32 --kv-heads 8 --ffn 8192 --vocab 32000 "
+      "--train 16,2,8192 --cluster " +
+      kData + "plan-2x4.json";
+  const Outcome out = weft_plan(model + " --search --top 1000 --memory-gb 10");
+  ASSERT_EQ(out.exit_code, 0) << out.out;
+  const std::regex full(
+      "^ +[0-9]+ (tp=[0-9]+ cp=1 ep=1 dp=([0-9]+) pp=([0-9]+)( sp)? zero=([0-9])"
+      " recompute=full schedule=1f1b v=1) .*$");
+  size_t from = 0, checked = 0;
+  for (size_t nl; (nl = out.out.find('\n', from)) != std::string::npos && checked == 0;
+       from = nl + 1) {
+    std::smatch m;
+    const std::string line = out.out.substr(from, nl - from);
+    if (!std::regex_match(line, m, full)) continue;
+    // The same mesh planned alone: over 10 GB with selective recomputation, within with full.
+    const std::string tp =
+        line.substr(line.find("tp=") + 3, line.find(' ', line.find("tp=")) - line.find("tp=") - 3);
+    const std::string mesh = " --tp " + tp + " --dp " + m[2].str() + " --pp " + m[3].str() +
+                             (m[4].matched ? " --sp" : "") + " --zero " + m[5].str() + " --json";
+    const Outcome selective = weft_plan(model + mesh);
+    const Outcome recomputed = weft_plan(model + mesh + " --recompute full");
+    ASSERT_EQ(selective.exit_code, 0) << selective.out;
+    const size_t a = selective.out.find("\"memory\":"), b = recomputed.out.find("\"memory\":");
+    EXPECT_GT(number_after(selective.out, "total", a), 10e9) << m[1];
+    EXPECT_LE(number_after(recomputed.out, "total", b), 10e9) << m[1];
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1u) << out.out;
 }
 
 // The search varies what a user would: ZeRO 0-3, HSDP for ZeRO-3 (shard groups inside a

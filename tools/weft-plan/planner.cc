@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <tuple>
 
 #include "algorithms/schedule.h"
@@ -152,16 +153,19 @@ ModelFlops model_flops(const ModelSpec& m, double seq, bool causal) {
 
 // How a ledger pattern runs in a step: the share of its calls in the
 // forward pass, per micro-batch or per step, and what compute it can hide
-// behind (the overlap rules of docs/parallel.md). Patterns not listed are
-// counted exposed, per micro-batch. The pipeline's transfers, the CP
-// exchanges and the MoE AllToAllv are counted exposed: each waits on (or
-// feeds) the compute next to it.
+// behind (the overlap rules of docs/parallel.md and of the adapters as they
+// run). Patterns not listed are counted exposed, per micro-batch. The CP ring
+// shifts are posted before the block of attention they overlap ("attn",
+// "attn-bwd"); the pipeline's sends are asynchronous, only receives are waited
+// for ("pp"); collectives that feed the compute next to them are exposed: the
+// MoE AllToAllv (the experts wait for their dispatch, the next layer for its
+// combine), CP's AllGather, AllToAll and state exchanges.
 struct Rule {
   const char* pattern;
   const char* primitive;  // nullptr: any
   double forward;         // 1, 0, or Ulysses's 4 of 8 AllToAll
   bool per_microbatch;
-  const char* window;  // "-": exposed; "fwd", "wgrad", "bwd"
+  const char* window;  // Entry::window
 };
 constexpr Rule kRules[] = {
     {"tp.embedding", nullptr, 1, true, "-"},
@@ -185,14 +189,14 @@ constexpr Rule kRules[] = {
     {"zero3.gather_bwd", nullptr, 0, true, "bwd"},
     {"zero3.grads", nullptr, 0, true, "bwd"},
     {"hsdp.grads", nullptr, 0, true, "-"},
-    {"pp.forward", nullptr, 1, true, "-"},
-    {"pp.backward", nullptr, 0, true, "-"},
-    {"cp.ring_kv", nullptr, 1, true, "-"},
-    {"cp.ring_kv_bwd", nullptr, 0, true, "-"},
-    {"cp.ring_dkv", nullptr, 0, true, "-"},
-    {"cp.passq_q", nullptr, 1, true, "-"},
+    {"pp.forward", nullptr, 1, true, "pp"},
+    {"pp.backward", nullptr, 0, true, "pp"},
+    {"cp.ring_kv", nullptr, 1, true, "attn"},
+    {"cp.ring_kv_bwd", nullptr, 0, true, "attn-bwd"},
+    {"cp.ring_dkv", nullptr, 0, true, "attn-bwd"},
+    {"cp.passq_q", nullptr, 1, true, "attn"},
     {"cp.passq_out", nullptr, 1, true, "-"},
-    {"cp.passq_bwd", nullptr, 0, true, "-"},
+    {"cp.passq_bwd", nullptr, 0, true, "attn-bwd"},
     {"cp.passq_dq", nullptr, 0, true, "-"},
     {"cp.allgather_kv", nullptr, 1, true, "-"},
     {"cp.allgather_kv_bwd", nullptr, 0, true, "-"},
@@ -655,8 +659,10 @@ Result plan(const Options& input, const topo::Cluster& cluster, Predictor* predi
       return mem;
     }
     mem.grads = sharded(o.zero >= 2) * bytes_of(o.grads);
-    // Adam: m and v in fp32, plus an fp32 master copy when the weights are narrower.
-    mem.optimizer = sharded(o.zero >= 1) * (8 + (bytes_of(o.weights) < 4 ? 4 : 0));
+    // Adam: m and v (fp32, or narrower as DeepSeek-V3's bf16), plus an fp32 master copy
+    // when the weights are narrower.
+    mem.optimizer =
+        sharded(o.zero >= 1) * (2 * bytes_of(o.moments) + (bytes_of(o.weights) < 4 ? 4 : 0));
     // Per layer and micro-batch (Korthikanti et al. 2022, 16-bit activations).
     const double s = seq / o.cp, b = batch, h = m.hidden, a = m.heads, t = o.tp;
     const double sbh = s * b * h, scores = 5 * a * s / h;
@@ -682,6 +688,7 @@ Result plan(const Options& input, const topo::Cluster& cluster, Predictor* predi
   double window_s[3] = {fwd_s, fwd_s * flops.col_fraction, 2 * fwd_s};  // fwd, wgrad, bwd
   double per_mb_exposed = 0, per_step_exposed = 0;
   std::map<std::string, double> hidden_budget_used;
+  std::set<std::string> pp_directions;  // pp.forward, pp.backward: fill and drain counted
   for (const par::LedgerEntry& e : ledger.entries()) {
     const Rule* rule = find_rule(e);
     if (!train && (rule == nullptr || rule->forward == 0)) continue;
@@ -710,26 +717,72 @@ Result plan(const Options& input, const topo::Cluster& cluster, Predictor* predi
       r.notes.push_back(e.pattern + " " + e.primitive + ": not modelled by the tuner, not timed");
     p.total_s = std::max(0.0, call.us) * 1e-6 * double(p.ledger.calls);
     r.comm_s += p.total_s;
-    // Exposure: hideable work hides behind its window (per micro-batch or in
-    // the last micro-batch's backward for per-step work), its last call never.
     const double per_unit = p.total_s / double(repeat);
-    double exposed = per_unit;
-    int w = p.window == "fwd" ? 0 : p.window == "wgrad" ? 1 : p.window == "bwd" ? 2 : -1;
-    if (w >= 0 && train) {
-      const double budget = std::max(0.0, window_s[w] - hidden_budget_used[p.window]);
-      const double hidden = std::min(per_unit - p.call_us * 1e-6, budget);
-      hidden_budget_used[p.window] += std::max(0.0, hidden);
-      exposed = per_unit - std::max(0.0, hidden);
+    if (p.window == "pp") {
+      // The fill and the drain: the first micro-batch's activations cross each of the pp − 1
+      // links in turn before the last stage starts, the last one's gradients back before
+      // the first stage ends (interleaved too: the chunks' later crossings meet a busy
+      // rank). A receive waits for its peer's send of the same bytes; a direction's hops
+      // are counted once, on its first entry.
+      const double hop_us = e.primitive == "recv"
+                                ? predict
+                                      .predict({ranks[0], ranks[1]}, "broadcast", e.bytes_per_call,
+                                               static_cast<size_t>(bytes_of(o.comm)))
+                                      .us
+                                : call.us;
+      if (pp_directions.insert(e.pattern).second) {
+        p.exposed_s = (o.pp - 1) * std::max(0.0, hop_us) * 1e-6;
+        per_step_exposed += p.exposed_s;
+      }
+    } else if (p.window != "attn" && p.window != "attn-bwd") {
+      // Hideable work hides behind its window (per micro-batch or in the last
+      // micro-batch's backward for per-step work), its last call never.
+      double exposed = per_unit;
+      const int w = p.window == "fwd" ? 0 : p.window == "wgrad" ? 1 : p.window == "bwd" ? 2 : -1;
+      if (w >= 0 && train) {
+        const double budget = std::max(0.0, window_s[w] - hidden_budget_used[p.window]);
+        const double hidden = std::min(per_unit - p.call_us * 1e-6, budget);
+        hidden_budget_used[p.window] += std::max(0.0, hidden);
+        exposed = per_unit - std::max(0.0, hidden);
+      }
+      p.exposed_s = exposed * double(repeat);
+      (p.per_microbatch ? per_mb_exposed : per_step_exposed) += exposed;
     }
-    p.exposed_s = exposed * double(repeat);
-    (p.per_microbatch ? per_mb_exposed : per_step_exposed) += exposed;
     r.entries.push_back(std::move(p));
+  }
+
+  // The CP ring: each step's shifts (of every entry in the window: in backward the K/V
+  // and the dK/dV accumulators travel together) run while the rank computes attention on
+  // the block it holds, one of the steps + 1 blocks of the layer; what the block does not
+  // cover is exposed, shared among the entries by their time.
+  if (o.cp > 1) {
+    const LayerShape shape = layer_shape(m, 0);
+    const double attn_fwd_s = tokens / o.cp * 2 * seq * (double(m.heads) / o.tp) *
+                              (shape.attn_qk_dim + shape.attn_v_dim) *
+                              (o.work != Work::decode ? 0.5 : 1.0) / peak;
+    for (const std::string window : {"attn", "attn-bwd"}) {
+      double steps = 0, comm_s = 0;  // per layer and micro-batch
+      for (const Entry& p : r.entries)
+        if (p.window == window) {
+          steps = std::max(steps, p.calls_per_layer);
+          comm_s += std::max(0.0, p.call_us) * 1e-6 * p.calls_per_layer;
+        }
+      if (steps == 0 || comm_s == 0) continue;
+      const double block_s = (window == "attn" ? 1 : 2) * attn_fwd_s / (steps + 1);
+      const double exposed_layer = std::max(0.0, comm_s - steps * block_s);
+      for (Entry& p : r.entries)
+        if (p.window == window)
+          p.exposed_s = exposed_layer * layer_calls * mbs *
+                        (std::max(0.0, p.call_us) * 1e-6 * p.calls_per_layer / comm_s);
+      per_mb_exposed += exposed_layer * layer_calls;
+    }
   }
 
   if (o.pp > 1)
     r.notes.push_back(
         "pp: the ledger is world rank 0's (stage 0: no forward recv, no backward send); "
-        "a send is timed as the tuner's Broadcast to the next stage, its recv not again");
+        "a send is timed as the tuner's Broadcast to the next stage, its recv not again; "
+        "sends are asynchronous, so only the fill's and the drain's pp-1 hops are exposed");
   if (o.cp > 1 && (o.cp_algo == "ring" || o.cp_algo == "zigzag" || o.cp_algo == "passq" ||
                    o.cp_algo == "hier" || o.cp_algo == "auto" || o.cp_algo == "compressed"))
     r.notes.push_back("cp (" + o.cp_algo +
@@ -765,7 +818,8 @@ Result plan(const Options& input, const topo::Cluster& cluster, Predictor* predi
     r.step_s = mbs * t_mb + r.bubble_s + per_step_exposed;
     r.bubble_fraction = r.bubble_s / (mbs * t_mb + r.bubble_s);
   } else {
-    r.step_s = p * (mb_compute + per_mb_exposed);  // one batch through every stage
+    // One batch through every stage.
+    r.step_s = p * (mb_compute + per_mb_exposed) + per_step_exposed;
     r.bubble_s = (p - 1) * (mb_compute + per_mb_exposed);
     r.bubble_fraction = (p - 1) / p;
   }
@@ -828,9 +882,16 @@ std::vector<Candidate> search(const Options& base, const topo::Cluster& cluster)
     if (c.rejected.empty()) {
       const double limit = cluster.device.memory_gb * 1e9;
       c.result = plan(o, cluster, &predictor, limit);
+      if (limit > 0 && c.result.memory.total() > limit && o.work == Work::train &&
+          o.recompute != "full") {
+        // Recomputing every layer's activations trades a fourth pass for the memory.
+        c.options.recompute = "full";
+        c.result = plan(c.options, cluster, &predictor, limit);
+      }
       if (limit > 0 && c.result.memory.total() > limit)
         c.rejected = "does not fit: " + num(c.result.memory.total() / 1e9) + " GB per rank > " +
-                     num(cluster.device.memory_gb) + " GB";
+                     num(cluster.device.memory_gb) + " GB" +
+                     (c.options.recompute == "full" ? " with full recomputation" : "");
     }
     out.push_back(std::move(c));
   };

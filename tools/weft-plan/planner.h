@@ -54,6 +54,7 @@ struct Options {
   int global_batch = 0, micro_batch = 1, seq = 0;  // train
   int batch = 1, context = 0;  // prefill / decode; batch per data replica (dp·ep)
   weftDataType_t weights = weftBfloat16, grads = weftFloat32, comm = weftBfloat16;
+  weftDataType_t moments = weftFloat32;  // Adam's two moments (DeepSeek-V3 keeps them in bf16)
   int dp = 0, tp = 1, pp = 1, cp = 1, ep = 1, hsdp = 1;  // dp 0: the cluster over the others
   bool sp = false;
   int zero = 0;
@@ -85,7 +86,10 @@ struct Entry {
   std::string algorithm;         // the tuner's pick on this cluster
   double call_us = 0;            // its predicted time per call
   double total_s = 0;            // all calls of the step
-  std::string window;            // what it can hide behind: "-", "fwd", "wgrad", "bwd"
+  // What it can hide behind: "-" (nothing), "fwd", "wgrad", "bwd" (a share of that
+  // compute), "attn", "attn-bwd" (a CP ring step's block of attention), "pp" (the next
+  // micro-batch: only the pipeline's fill and drain wait for it).
+  std::string window;
   double exposed_s = 0;
 };
 
@@ -167,7 +171,8 @@ struct Candidate {
 // fastest first. cp goes up to base.cp (with base.cp_algo), ep over the
 // powers of two up to the expert count; for each, ZeRO 0-3 (with and without
 // SP), ZeRO-3 also as HSDP with a node's ranks per shard group, and with
-// pp > 1 the schedules 1F1B, zero-bubble and interleaved (2 chunks).
+// pp > 1 the schedules 1F1B, zero-bubble and interleaved (2 chunks); a mesh
+// that does not fit with the base's recomputation is tried with full recomputation.
 std::vector<Candidate> search(const Options& base, const topo::Cluster& cluster);
 
 }  // namespace weft::plan

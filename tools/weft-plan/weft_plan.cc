@@ -29,7 +29,8 @@ constexpr const char* kUsage =
     "llama|mla|reference\n"
     "          --layers --hidden --heads --kv-heads --ffn --vocab --experts --topk --moe-ffn\n"
     "          --shared-experts --dense-layers (given after --model they override it)\n"
-    "  dtypes: --weights-dtype --grads-dtype --comm-dtype fp32|bf16|fp16|fp8 (bf16, fp32, bf16)\n"
+    "  dtypes: --weights-dtype --grads-dtype --comm-dtype --moments-dtype fp32|bf16|fp16|fp8\n"
+    "          (bf16, fp32, bf16, fp32; moments: Adam's two states)\n"
     "  mesh:   --dp N (0: the cluster over the others) --tp N --pp N --cp N --ep N --sp\n"
     "          --zero 0-3 --hsdp R --schedule gpipe|1f1b|interleaved|zb --microbatches N\n"
     "          --virtual V --cp-algo ring|zigzag|passq|allgather|ulysses|hier|auto (zigzag),\n"
@@ -159,10 +160,12 @@ std::string parse(int argc, char** argv, Cli& cli) {
       if (!parse_ints(value, {&o.batch, &o.context}))
         return arg + "=" + value + ": expected BATCH,CONTEXT";
       o.work = arg == "--prefill" ? Work::prefill : Work::decode, cli.have_work = true;
-    } else if (arg == "--weights-dtype" || arg == "--grads-dtype" || arg == "--comm-dtype") {
-      weftDataType_t* target = arg == "--weights-dtype" ? &o.weights
-                               : arg == "--grads-dtype" ? &o.grads
-                                                        : &o.comm;
+    } else if (arg == "--weights-dtype" || arg == "--grads-dtype" || arg == "--comm-dtype" ||
+               arg == "--moments-dtype") {
+      weftDataType_t* target = arg == "--weights-dtype"   ? &o.weights
+                               : arg == "--grads-dtype"   ? &o.grads
+                               : arg == "--moments-dtype" ? &o.moments
+                                                          : &o.comm;
       if (!parse_dtype(value, target))
         return arg + "=" + value + ": expected fp32, bf16, fp16 or fp8";
     } else if (arg == "--schedule") {
@@ -227,13 +230,14 @@ std::string check_links(const std::string& path, const topo::Cluster& cluster) {
   return "";
 }
 
-// "tp=4 cp=1 ep=1 dp=8 pp=4 sp zero=2 schedule=zb v=1"; dp < 0 (a rejected mesh, never
-// planned): without it.
+// "tp=4 cp=1 ep=1 dp=8 pp=4 sp zero=2 [hsdp=2] [recompute=full] schedule=zb v=1"; dp < 0 (a
+// rejected mesh, never planned): without it.
 std::string mesh_text(const Options& o, int dp) {
   char text[256];
-  snprintf(text, sizeof(text), "tp=%d cp=%d ep=%d%s pp=%d%s zero=%d%s schedule=%s v=%d", o.tp, o.cp,
-           o.ep, dp >= 0 ? (" dp=" + std::to_string(dp)).c_str() : "", o.pp, o.sp ? " sp" : "",
-           o.zero, o.hsdp > 1 ? (" hsdp=" + std::to_string(o.hsdp)).c_str() : "",
+  snprintf(text, sizeof(text), "tp=%d cp=%d ep=%d%s pp=%d%s zero=%d%s%s schedule=%s v=%d", o.tp,
+           o.cp, o.ep, dp >= 0 ? (" dp=" + std::to_string(dp)).c_str() : "", o.pp,
+           o.sp ? " sp" : "", o.zero, o.hsdp > 1 ? (" hsdp=" + std::to_string(o.hsdp)).c_str() : "",
+           o.recompute != "selective" ? (" recompute=" + o.recompute).c_str() : "",
            o.schedule.c_str(), o.virtual_stages);
   return text;
 }
@@ -249,9 +253,10 @@ std::string json_result(const Options& o, const Result& r) {
       << ",\"dp\":" << r.dp << ",\"pp\":" << o.pp << ",\"sp\":" << (o.sp ? "true" : "false")
       << ",\"zero\":" << o.zero << ",\"hsdp\":" << o.hsdp
       << ",\"schedule\":" << json_string(o.schedule) << ",\"virtual\":" << o.virtual_stages
-      << "},\"world\":" << r.world << ",\"microbatches\":" << r.microbatches
-      << ",\"params\":" << r.params << ",\"active_params\":" << r.active_params
-      << ",\"rank_params\":" << r.stage_params << ",\"entries\":[";
+      << ",\"recompute\":" << json_string(o.recompute) << "},\"world\":" << r.world
+      << ",\"microbatches\":" << r.microbatches << ",\"params\":" << r.params
+      << ",\"active_params\":" << r.active_params << ",\"rank_params\":" << r.stage_params
+      << ",\"entries\":[";
   const char* sep = "";
   for (const Entry& e : r.entries) {
     out << sep << "{\"pattern\":" << json_string(e.ledger.pattern)
@@ -385,11 +390,11 @@ int run(int argc, char** argv) {
       else
         printf(
             "%s{\"mesh\":{\"tp\":%d,\"cp\":%d,\"ep\":%d,\"pp\":%d,\"sp\":%s,\"zero\":%d,"
-            "\"hsdp\":%d,\"schedule\":%s,\"virtual\":%d},\"rejected\":%s}",
+            "\"hsdp\":%d,\"schedule\":%s,\"virtual\":%d,\"recompute\":%s},\"rejected\":%s}",
             sep, c.options.tp, c.options.cp, c.options.ep, c.options.pp,
             c.options.sp ? "true" : "false", c.options.zero, c.options.hsdp,
             json_string(c.options.schedule).c_str(), c.options.virtual_stages,
-            json_string(c.rejected).c_str());
+            json_string(c.options.recompute).c_str(), json_string(c.rejected).c_str());
       sep = ",";
     }
     printf("]}\n");
@@ -397,13 +402,13 @@ int run(int argc, char** argv) {
   }
   printf("# weft-plan --search: %zu meshes, %zu fit; fastest first (top %d)\n", all.size(), fitting,
          cli.top);
-  printf("# %4s %-58s %10s %10s %10s %8s %6s %10s\n", "rank", "mesh", "step ms", "exposed ms",
-         "bubble ms", "MFU", "GB/rank", "");
+  printf("# %4s %-72s %10s %10s %10s %8s %6s\n", "rank", "mesh", "step ms", "exposed ms",
+         "bubble ms", "MFU", "GB/rank");
   int shown = 0;
   for (const Candidate& c : all) {
     if (!c.rejected.empty() || shown >= cli.top) continue;
     ++shown;
-    printf("  %4d %-58s %10.1f %10.1f %10.1f %7.1f%% %7.1f\n", shown,
+    printf("  %4d %-72s %10.1f %10.1f %10.1f %7.1f%% %7.1f\n", shown,
            mesh_text(c.options, c.result.dp).c_str(), c.result.step_s * 1e3,
            c.result.exposed_s * 1e3, c.result.bubble_s * 1e3, 100 * c.result.mfu,
            c.result.memory.total() / 1e9);
