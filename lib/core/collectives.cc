@@ -223,6 +223,17 @@ void describe_math(const Communicator& comm, const CollectiveCall& call, const a
   }
 }
 
+CallShape call_shape(const CollectiveCall& call, const algo::Params& params, bool premul) {
+  CallShape shape;
+  shape.collective = call.collective;
+  shape.dtype = static_cast<uint8_t>(call.dtype);
+  shape.op =
+      static_cast<uint8_t>(is_reduction(call.collective) ? (premul ? weftNumOps : call.op) : 0);
+  shape.root = params.root;
+  shape.count = call.count;
+  return shape;
+}
+
 namespace {
 
 // What every job of a collective call carries, whichever path runs it: its buffers, the
@@ -234,12 +245,7 @@ void describe_job(const Communicator& comm, const CollectiveCall& call, const al
   describe_math(comm, call, params, element, premul, &job->math);
   job->tag_kind = TagKind::Collective;
   job->what = name_of(call.collective);
-  job->shape.collective = call.collective;
-  job->shape.dtype = static_cast<uint8_t>(call.dtype);
-  job->shape.op = static_cast<uint8_t>(
-      is_reduction(call.collective) ? (premul != nullptr ? weftNumOps : call.op) : 0);
-  job->shape.root = params.root;
-  job->shape.count = call.count;
+  job->shape = call_shape(call, params, premul != nullptr);
   // WEFT_CHECK=full hashes the inputs that must agree in size, and a Broadcast's root's.
   if (comm.direct()->check() == CheckMode::Full) {
     const bool hashed = call.collective == algo::Collective::Broadcast

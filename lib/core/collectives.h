@@ -46,6 +46,8 @@ algo::Params collective_params(const Communicator& comm, const CollectiveCall& c
                                bool premul);
 void describe_math(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
                    size_t element, const Communicator::PreMulSum* premul, JobMath* out);
+// The call as peers compare it (WEFT_CHECK): every pre-multiplied sum is one op.
+CallShape call_shape(const CollectiveCall& call, const algo::Params& params, bool premul);
 
 // Run now (stream null) or queued on the stream; inside a group, with the group.
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream);

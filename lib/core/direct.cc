@@ -475,8 +475,12 @@ inline std::atomic<uint64_t>* DirectState::announcement(int rank, uint64_t seque
 }
 
 void DirectState::announce(Job& job) {
-  const uint64_t sequence = job.sequence;
-  const CallShape& call = job.shape;
+  job.announced_shape = announce(job.sequence, job.shape, job.alltoallv_counts);
+  job.ready_tag = ready_tag(job.sequence, job.shape.count, job.announced_shape);
+}
+
+uint64_t DirectState::announce(uint64_t sequence, const CallShape& call,
+                               const uint64_t* alltoallv_counts) {
   std::atomic<uint64_t>* slot = announcement(rank_, sequence);
   const uint64_t shape = pack_shape(call);
   slot[kSlotSequence].store(0, std::memory_order_relaxed);
@@ -484,12 +488,11 @@ void DirectState::announce(Job& job) {
   std::atomic_thread_fence(std::memory_order_release);
   slot[kSlotCount].store(call.count, std::memory_order_relaxed);
   slot[kSlotShape].store(shape, std::memory_order_relaxed);
-  if (job.alltoallv_counts != nullptr)
+  if (alltoallv_counts != nullptr)
     for (size_t i = 0; i < 2 * static_cast<size_t>(nranks_); ++i)
-      slot[kSlotCounts + i].store(job.alltoallv_counts[i], std::memory_order_relaxed);
+      slot[kSlotCounts + i].store(alltoallv_counts[i], std::memory_order_relaxed);
   slot[kSlotSequence].store(sequence + 1, std::memory_order_release);
-  job.announced_shape = shape;
-  job.ready_tag = ready_tag(sequence, call.count, shape);
+  return shape;
 }
 
 void DirectState::announce_input_hash(uint64_t sequence, uint64_t hash) {

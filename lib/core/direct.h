@@ -164,6 +164,8 @@ class DirectState {
   // Announces the job's call (its sequence, shape and AllToAllv counts) and sets its
   // announced_shape (packed, for agrees()) and ready_tag (for the ready words).
   void announce(Job& job);
+  // Announces a call of `sequence` (the GPU path's, which has no Job); returns its packed shape.
+  uint64_t announce(uint64_t sequence, const CallShape& call, const uint64_t* alltoallv_counts);
   // Whether every peer's announcement of `sequence` seen so far is the call of `count`
   // elements and packed `shape` (the check made on every call: loads only; false for
   // AllToAllv, whose counts mismatch() compares).

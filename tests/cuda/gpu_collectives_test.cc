@@ -2,9 +2,10 @@
 // threads sharing one GPU: every collective the GPU path runs, with the dtypes and ops of the
 // host path's direct tests, odd counts (several chunks through small slots), in and out of
 // place, on a CUDA stream and blocking (NULL), checked exactly; bad input named; a stalled
-// rank an error on the others within the timeout. The same binary runs on a GPU (label gpu)
-// and, for orchestration only, on the host emulation of the driver (label cuda, test names
-// prefixed emulated.): that says nothing about a GPU, whose results come from gpu-check.sh.
+// rank an error on the others within the timeout; mismatched calls named on every rank. The same
+// binary runs on a GPU (label gpu) and, for orchestration only, on the host emulation of the driver
+// (label cuda, test names prefixed emulated.): that says nothing about a GPU, whose results come
+// from gpu-check.sh.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -444,6 +445,92 @@ TEST_F(GpuErrors, AStalledRankIsAnErrorOnTheOthersWithinTheTimeout) {
         d->mem_free(device);
       },
       options);
+}
+
+// Mismatched calls on a GPU communicator (WEFT_CHECK=on, the default): whichever rank launches
+// later finds the others' announcements and fails every rank, naming both calls, where the
+// streams would otherwise wait for chunks that never come (count, collective, root) or move the
+// wrong bytes (datatype). Three ranks as processes, the odd call rank 1's, after a matching one.
+TEST_F(GpuErrors, MismatchedCallsAreNamedOnEveryRank) {
+  using Call = std::function<weftResult_t(void*, weftComm_t, weftStream_t)>;
+  auto all_reduce = [](size_t count, weftDataType_t dtype) -> Call {
+    return [=](void* b, weftComm_t comm, weftStream_t stream) {
+      return weftAllReduce(b, b, count, dtype, weftSum, comm, stream);
+    };
+  };
+  struct Case {
+    const char* name;
+    Call usual, odd;
+    const char *usual_says, *odd_says;
+  };
+  const std::vector<Case> cases = {
+      {"count", all_reduce(1000, weftFloat32), all_reduce(2000, weftFloat32),
+       "allreduce(count=1000, float, sum)", "allreduce(count=2000, float, sum)"},
+      {"datatype", all_reduce(1000, weftFloat32), all_reduce(1000, weftInt32),
+       "allreduce(count=1000, float, sum)", "allreduce(count=1000, int32, sum)"},
+      {"collective", all_reduce(1000, weftFloat32),
+       [](void* b, weftComm_t comm, weftStream_t stream) {
+         return weftAllGather(b, static_cast<char*>(b) + 4096, 1000, weftFloat32, comm, stream);
+       },
+       "allreduce(count=1000, float, sum)", "allgather(count=1000, float)"},
+      {"root",
+       [](void* b, weftComm_t comm, weftStream_t stream) {
+         return weftBcast(b, 1000, weftFloat32, 0, comm, stream);
+       },
+       [](void* b, weftComm_t comm, weftStream_t stream) {
+         return weftBcast(b, 1000, weftFloat32, 1, comm, stream);
+       },
+       "broadcast(count=1000, float, root 0)", "broadcast(count=1000, float, root 1)"}};
+  for (const Case& c : cases) {
+    RunOptions options;
+    options.timeout_s = 60;
+    run_ranks(
+        3,
+        [&](const RankContext& context) {
+          std::string why;
+          const tools::CudaDriver* d = use_gpu(0, &why);
+          ASSERT_NE(d, nullptr) << why;
+          // A long timeout: the error must come from the check, not from a stall.
+          weftComm_t comm = gpu_comm(3, context.id, context.rank, 60000);
+          ASSERT_NE(comm, nullptr);
+          unsigned long long device = 0;
+          ASSERT_EQ(d->mem_alloc(&device, 1 << 16), 0);
+          void* buffer = reinterpret_cast<void*>(device);
+          void* cuda_stream = nullptr;
+          ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
+          weftStream_t stream = nullptr;
+          ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+          ASSERT_EQ(c.usual(buffer, comm, stream), weftSuccess) << weftGetLastError(comm);
+          ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+          const auto start = std::chrono::steady_clock::now();
+          const weftResult_t launched = (context.rank == 1 ? c.odd : c.usual)(buffer, comm, stream);
+          EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess);  // drained, not hung
+          // A rank whose part could finish alone (the Broadcast's root) learns of the verdict
+          // moments later: wait for it, well inside the timeout.
+          weftResult_t async = weftSuccess;
+          while (async == weftSuccess && seconds_since(start) < 10) {
+            ASSERT_EQ(weftCommGetAsyncError(comm, &async), weftSuccess);
+            std::this_thread::yield();
+          }
+          EXPECT_NE(async, weftSuccess) << c.name << ": rank " << context.rank;
+          EXPECT_LT(seconds_since(start), 10) << c.name << ": the error came from a timeout";
+          // The rank that found the mismatch has it from its call (weftInvalidUsage), a rank that
+          // launched after the verdict too (the verdict's code), the others from their next.
+          if (launched != weftSuccess)
+            EXPECT_TRUE(launched == weftInvalidUsage || launched == async) << c.name;
+          else
+            EXPECT_EQ(c.usual(buffer, comm, stream), async) << c.name;
+          const std::string message = weftGetLastError(comm);
+          EXPECT_NE(message.find("mismatched collectives"), std::string::npos) << message;
+          EXPECT_NE(message.find(c.usual_says), std::string::npos) << c.name << ": " << message;
+          EXPECT_NE(message.find(c.odd_says), std::string::npos) << c.name << ": " << message;
+          EXPECT_NE(message.find("sequence 1"), std::string::npos) << c.name << ": " << message;
+          EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+          weftCommAbort(comm);
+          d->mem_free(device);
+        },
+        options);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "core/cuda/device_collectives.h"
 
 #include <algorithm>
+#include <atomic>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/log.h"
@@ -89,6 +91,33 @@ Status check_device_memory(const char* name, const char* what, const void* ptr, 
   return Status::Ok();
 }
 
+// WEFT_CHECK on the GPU path: the call is announced in the node's shared control block under
+// the communicator's collective sequence, then compared with what the peers announced for it.
+// Of two mismatched ranks the later to launch finds the other's announcement (the fence orders
+// each rank's announcement before its reads, so both cannot miss) and fails every rank through
+// the bootstrap; their queued GPU work then drains. Without it the streams would wait for
+// chunks that never come, or move the wrong bytes. A rank many calls ahead on its streams
+// overwrites announcements its peers have not compared yet: those comparisons are skipped.
+Status announce_call(Communicator& comm, const CollectiveCall& call, const algo::Params& params,
+                     bool premul) {
+  DirectState& direct = *comm.direct();
+  if (comm.nranks() == 1 || !direct.shared() || direct.check() == CheckMode::Off)
+    return Status::Ok();
+  const CallShape shape = call_shape(call, params, premul);
+  std::vector<uint64_t> counts;
+  if (call.collective == algo::Collective::AllToAllv) {
+    counts.assign(call.send_counts, call.send_counts + comm.nranks());
+    counts.insert(counts.end(), call.recv_counts, call.recv_counts + comm.nranks());
+  }
+  const uint64_t sequence = comm.next_collective_sequence();
+  direct.announce(sequence, shape, counts.empty() ? nullptr : counts.data());
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const std::string why = direct.mismatch(sequence, shape);
+  if (why.empty()) return Status::Ok();
+  comm.fail_everywhere(weftInvalidUsage, why);
+  return Status(weftInvalidUsage, why);
+}
+
 }  // namespace
 
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream) {
@@ -117,8 +146,10 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
     WEFT_RETURN_IF_ERROR(check_device_memory(name, "the PreMulSum op's scalar", premul->pointer,
                                              device.device(), element));
   WEFT_RETURN_IF_ERROR(comm.usable());
+  if (call.collective == algo::Collective::AllToAllv && params.in_place)
+    return Error(weftInvalidArgument, "alltoallv has no in-place form");
+  WEFT_RETURN_IF_ERROR(announce_call(comm, call, params, premul != nullptr));
   if (call.collective == algo::Collective::AllToAllv) {
-    if (params.in_place) return Error(weftInvalidArgument, "alltoallv has no in-place form");
     // Each rank's pieces to and from each peer, as one list of messages: no rank needs the
     // others' counts (a receive that does not match its peer's send hangs until the timeout).
     std::vector<algo::P2pMessage> sends, receives;
