@@ -475,4 +475,39 @@ bool lower_p2p(int nranks, int rank, const std::vector<P2pMessage>& sends,
   return true;
 }
 
+LoweredStats count_lowered(const LoweredProgram& program, uint64_t element_size) {
+  LoweredStats stats;
+  for (const StreamOp& op : program.ops) {
+    ++stats.ops;
+    switch (op.kind) {
+      case OpKind::Copy:
+        ++stats.copies;
+        stats.bytes_copied += op.bytes;
+        if (op.dst.space == Space::PeerInbound) stats.bytes_to_peers += op.bytes;
+        break;
+      case OpKind::Reduce:
+        ++stats.reductions;
+        stats.bytes_reduced += 3 * op.count * element_size;
+        break;
+      case OpKind::WriteFlag:
+        ++stats.flag_writes;
+        break;
+      case OpKind::WaitFlag:
+        ++stats.flag_waits;
+        break;
+    }
+  }
+  return stats;
+}
+
+double predict_device_us(const LoweredProgram& program, uint64_t element_size,
+                         const DeviceCostModel& model) {
+  const LoweredStats s = count_lowered(program, element_size);
+  return static_cast<double>(s.copies) * model.copy_us +
+         static_cast<double>(s.bytes_copied) / model.copy_bytes_per_us +
+         static_cast<double>(s.reductions) * model.kernel_us +
+         static_cast<double>(s.bytes_reduced) / model.reduce_bytes_per_us +
+         static_cast<double>(s.flag_writes + s.flag_waits) * model.flag_us;
+}
+
 }  // namespace weft::algo

@@ -90,6 +90,25 @@ bool lower_all(const Params& params, const LowerConfig& config, std::vector<Lowe
 bool lower(const Params& params, const LowerConfig& config, LoweredProgram* out,
            std::string* error);
 
+// What a lowered list does, counted: its operations by kind, the bytes its copies move (and of
+// those, the bytes written into peers' slots) and the bytes its reductions read and write.
+struct LoweredStats {
+  uint64_t ops = 0, copies = 0, bytes_copied = 0, bytes_to_peers = 0;
+  uint64_t flag_writes = 0, flag_waits = 0, reductions = 0, bytes_reduced = 0;
+};
+LoweredStats count_lowered(const LoweredProgram& program, uint64_t element_size);
+
+// The device cost model the GPU executor chooses algorithms with (the slowest rank's list is
+// the call's time): per stream operation a latency, and the bytes a copy or a reduction
+// (3 vectors: 2 read, 1 written) moves per microsecond. First estimates for one H200, not
+// calibrated on a GPU (scripts/gpu-check.sh measures what they should be).
+struct DeviceCostModel {
+  double copy_us = 2.5, flag_us = 1.0, kernel_us = 3.0;
+  double copy_bytes_per_us = 1.5e6, reduce_bytes_per_us = 1.0e6;
+};
+double predict_device_us(const LoweredProgram& program, uint64_t element_size,
+                         const DeviceCostModel& model = {});
+
 // One point-to-point message of a rank: `bytes` at absolute address `address` to (sends) or
 // from (receives) `peer`.
 struct P2pMessage {

@@ -1,6 +1,7 @@
 // weft-sim --topo: the planning table is consistent with itself (busbw from
 // the predicted time, the marked choice is the fastest prediction) and
-// refuses what makes no sense.
+// refuses what makes no sense. weft-sim -G 1: every algorithm lowered to the
+// GPU executor's stream operations, with its counts and device-model time.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -93,6 +94,37 @@ TEST(WeftSimTopo, RefusesSharedMemoryAcrossNodesAndMissingFiles) {
   SimRun missing = run_sim("--topo /nonexistent/cluster.json --coll allreduce --bytes 1K:1M");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.out.find("/nonexistent/cluster.json"), std::string::npos) << missing.out;
+}
+
+// Device memory: a ring AllReduce of 4 MiB at 4 ranks through 1 MiB slots writes 2·3 blocks of
+// 1 MiB into its peers' slots per rank and copies each out again (staged), 3 reduction kernels;
+// busbw follows the printed time; every AllReduce algorithm gets a row; a bad -G is refused.
+TEST(WeftSimDevice, LowersEveryAlgorithmAndCountsWhatARankDoes) {
+  SimRun run = run_sim("allreduce --algo all -n 4 --bytes 4M -G 1 --slot-bytes 1M");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  std::istringstream in(run.out);
+  int rows = 0;
+  bool ring = false;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells = words(line);
+    if (line.starts_with("#") || cells.empty() || cells[0] == "algo") continue;
+    // algo ops copies copied(value unit) to.peers(value unit) kernels flags scratch(value unit)
+    // time.us busbw
+    ASSERT_EQ(cells.size(), 13u) << line;
+    ++rows;
+    const double us = std::stod(cells[11]), busbw = std::stod(cells[12]);
+    EXPECT_GT(us, 0) << line;
+    EXPECT_NEAR(busbw, 4.0 * 1024 * 1024 / (us * 1e3) * 2 * 3 / 4, 0.05 + busbw * 1e-3) << line;
+    if (cells[0] == "ring") {
+      ring = true;
+      EXPECT_EQ(cells[5] + " " + cells[6], "6.00 MiB") << line;   // into peers' slots
+      EXPECT_EQ(cells[3] + " " + cells[4], "12.00 MiB") << line;  // and out of its own
+      EXPECT_EQ(cells[7], "3") << line;
+    }
+  }
+  EXPECT_TRUE(ring) << run.out;
+  EXPECT_GE(rows, 4) << run.out;
+  EXPECT_EQ(run_sim("allreduce -n 4 --bytes 4M -G 2").exit_code, 2);
 }
 
 }  // namespace

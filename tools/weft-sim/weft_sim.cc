@@ -5,6 +5,11 @@
 //   weft-sim allreduce --algo ring -n 1024 --bytes 256M [--dtype-size 4]
 //            [--chunk 1M] [--root R] [--in-place] [--algo all]
 //
+// With -G 1 it lowers every rank's program to the GPU executor's stream
+// operations instead (device memory, as weft-perf -G 1 runs it) and prints
+// what each rank's list does and the device cost model's time:
+//   weft-sim allreduce --algo all -n 4 --bytes 256M -G 1 [--slot-bytes 4M] [--slots 2]
+//
 // With --topo it predicts times on a modelled cluster instead (predict.h):
 //   weft-sim --topo cluster.json --coll allreduce --bytes 1K:4G
 #include <algorithm>
@@ -15,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/lowering.h"
 #include "algorithms/simulator.h"
 #include "predict.h"
 
@@ -25,6 +31,7 @@ using weft::algo::Collective;
 using weft::algo::Params;
 using weft::algo::SimOptions;
 using weft::algo::SimResult;
+using weft::sim::busbw_factor;
 using weft::sim::parse_size;
 using weft::sim::per_rank_count;
 using weft::sim::run_predict;
@@ -38,6 +45,7 @@ void usage() {
       stderr,
       "usage: weft-sim <collective> --algo <name|all> -n <ranks> --bytes <size>\n"
       "                [--dtype-size <bytes>] [--chunk <bytes>] [--root <rank>] [--in-place]\n"
+      "                [-G 1 [--slot-bytes <bytes>] [--slots <n>]]\n"
       "       weft-sim --topo <cluster.json> --coll <collective> --bytes <lo>:<hi> [--factor F]\n"
       "sizes take K/M/G suffixes (powers of 1024); --bytes is the collective's buffer\n"
       "size as nccl-tests counts it (per-rank total for gather-like collectives);\n"
@@ -159,6 +167,52 @@ bool report(const Params& full, uint64_t dtype) {
   return ok;
 }
 
+// One table row of device memory (-G 1): every rank's lowered list, its largest counts and
+// the slowest rank's predicted time (as the GPU executor times a candidate); returns whether
+// the lists could be built.
+bool report_device(const Params& full, uint64_t dtype, uint64_t bytes,
+                   const weft::algo::LowerConfig& config) {
+  Params params = full;
+  std::vector<uint64_t> counts, displs, all;
+  if (params.collective == Collective::AllToAllv) {
+    counts.assign(params.nranks, params.count);
+    for (int q = 0; q < params.nranks; ++q) displs.push_back(q * params.count);
+    all.assign(static_cast<size_t>(params.nranks) * params.nranks, params.count);
+    params.send_counts = params.recv_counts = counts.data();
+    params.send_displs = params.recv_displs = displs.data();
+    params.all_send_counts = all.data();
+  }
+  std::vector<weft::algo::LoweredProgram> lowered;
+  std::string error;
+  const char* name = weft::algo::algorithm_name(full.algorithm);
+  if (!weft::algo::lower_all(params, config, &lowered, &error)) {
+    printf("%-14s %s\n", name, ("not lowered: " + error).c_str());
+    return false;
+  }
+  weft::algo::LoweredStats most;
+  uint64_t scratch = 0;
+  double us = 0;
+  for (const weft::algo::LoweredProgram& list : lowered) {
+    const weft::algo::LoweredStats s = weft::algo::count_lowered(list, dtype);
+    most.ops = std::max(most.ops, s.ops);
+    most.copies = std::max(most.copies, s.copies);
+    most.bytes_copied = std::max(most.bytes_copied, s.bytes_copied);
+    most.bytes_to_peers = std::max(most.bytes_to_peers, s.bytes_to_peers);
+    most.reductions = std::max(most.reductions, s.reductions);
+    most.flag_writes = std::max(most.flag_writes, s.flag_writes + s.flag_waits);
+    scratch = std::max(scratch, list.scratch_bytes);
+    us = std::max(us, weft::algo::predict_device_us(list, dtype));
+  }
+  const double busbw =
+      us > 0 ? static_cast<double>(bytes) / (us * 1e3) * busbw_factor(full.collective, full.nranks)
+             : 0;
+  printf("%-14s %8" PRIu64 " %8" PRIu64 " %12s %12s %8" PRIu64 " %8" PRIu64 " %12s %12.1f %9.1f\n",
+         name, most.ops, most.copies, human(static_cast<double>(most.bytes_copied)).c_str(),
+         human(static_cast<double>(most.bytes_to_peers)).c_str(), most.reductions, most.flag_writes,
+         human(static_cast<double>(scratch)).c_str(), us, busbw);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,7 +228,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string algo = "all";
-  uint64_t bytes = 0, dtype = 4, chunk_bytes = 0;
+  uint64_t bytes = 0, dtype = 4, chunk_bytes = 0, device = 0;
+  weft::algo::LowerConfig lower_config;
+  lower_config.slot_bytes = uint64_t{4} << 20;  // the GPU path's defaults (WEFT_CUDA_SLOT_BYTES)
+  lower_config.slots = 2;                       // WEFT_CUDA_SLOTS
   for (int i = 2; i < argc; ++i) {
     const char* flag = argv[i];
     if (strcmp(flag, "--in-place") == 0) {
@@ -200,6 +257,12 @@ int main(int argc, char** argv) {
       chunk_bytes = number;
     } else if (strcmp(flag, "--root") == 0 && sized) {
       params.root = static_cast<int>(number);
+    } else if (strcmp(flag, "-G") == 0 && sized && number <= 1) {
+      device = number;
+    } else if (strcmp(flag, "--slot-bytes") == 0 && sized && number >= 1) {
+      lower_config.slot_bytes = number;
+    } else if (strcmp(flag, "--slots") == 0 && sized && number >= 1 && number <= 64) {
+      lower_config.slots = static_cast<uint32_t>(number);
     } else {
       fprintf(stderr, "bad option %s %s\n", flag, value);
       usage();
@@ -231,6 +294,23 @@ int main(int argc, char** argv) {
          " elements, root %d, %s\n",
          argv[1], params.nranks, params.count, dtype, params.chunk, params.root,
          params.in_place ? "in place" : "out of place");
+  if (device != 0) {
+    lower_config.element_size = dtype;
+    printf(
+        "# device memory (-G 1): every rank's program lowered to stream operations, %u slots of "
+        "%s per peer; per rank (max): operations, copies, bytes copied and of those into peers' "
+        "slots, reduction kernels, counter writes and waits, scratch; time: the slowest rank's "
+        "list by the device cost model (uncalibrated), busbw from it\n",
+        lower_config.slots, human(static_cast<double>(lower_config.slot_bytes)).c_str());
+    printf("%-14s %8s %8s %12s %12s %8s %8s %12s %12s %9s\n", "algo", "ops", "copies", "copied",
+           "to.peers", "kernels", "flags", "scratch", "time.us", "busbw");
+    bool any = false;
+    for (Algorithm a : algorithms) {
+      params.algorithm = a;
+      any = report_device(params, dtype, bytes, lower_config) || any;
+    }
+    return any ? 0 : 1;
+  }
   printf(
       "# steps, messages, bytes sent and scratch are per rank (max, avg) at full size;\n"
       "# rounds = critical path: the longest chain of dependent messages\n");

@@ -33,32 +33,6 @@ constexpr size_t kNonceBytes = 16;
     if (drv::Result r_ = (call); r_ != drv::kSuccess) return driver_error(r_, kWhat, name); \
   } while (0)
 
-// The device cost model's figures: per-operation latency on the stream and the bytes a copy
-// or a reduction moves per microsecond. Uncalibrated first estimates for one H200 (copy ceiling
-// about 2 TB/s of bytes copied, stream operations a few microseconds); gpu-check.sh measures
-// what they should be.
-constexpr double kCopyUs = 2.5, kFlagUs = 1.0, kKernelUs = 3.0;
-constexpr double kCopyBytesPerUs = 1.5e6, kReduceBytesPerUs = 1.0e6;
-
-double predict(const algo::LoweredProgram& lowered, size_t element_size) {
-  double us = 0;
-  for (const algo::StreamOp& op : lowered.ops) {
-    switch (op.kind) {
-      case algo::OpKind::Copy:
-        us += kCopyUs + static_cast<double>(op.bytes) / kCopyBytesPerUs;
-        break;
-      case algo::OpKind::Reduce:
-        us += kKernelUs + 3.0 * static_cast<double>(op.count * element_size) / kReduceBytesPerUs;
-        break;
-      case algo::OpKind::WriteFlag:
-      case algo::OpKind::WaitFlag:
-        us += kFlagUs;
-        break;
-    }
-  }
-  return us;
-}
-
 // Regions of ranks that are threads of this process, by communicator nonce and rank: a peer
 // thread keeps the region alive while its stream may still write there.
 std::mutex g_regions_mutex;
@@ -373,7 +347,8 @@ Status DeviceComm::lower(const algo::Params& params, size_t element_size,
                  error.c_str());
   // Every rank times the same lists (the slowest rank's is the call's), so that all choose alike.
   for (const algo::LoweredProgram& list : all)
-    built->predicted_us = std::max(built->predicted_us, predict(list, element_size));
+    built->predicted_us =
+        std::max(built->predicted_us, algo::predict_device_us(list, element_size));
   built->lowered = std::move(all[rank_]);
   count_channels(built.get());
   built->algorithm = params.algorithm;
@@ -400,7 +375,7 @@ Status DeviceComm::p2p_program(const std::vector<algo::P2pMessage>& sends,
   if (!algo::lower_p2p(nranks_, rank_, sends, receives, lower_config(1), &built->lowered, &error))
     return Error(weftInvalidUsage, "send/recv on the GPU: %s", error.c_str());
   count_channels(built.get());
-  built->predicted_us = predict(built->lowered, 1);
+  built->predicted_us = algo::predict_device_us(built->lowered, 1);
   *out = std::move(built);
   return Status::Ok();
 }
