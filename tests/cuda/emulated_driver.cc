@@ -219,9 +219,14 @@ Stream* resolve(void* handle) {
   return stream.get();
 }
 
-struct Event {
+// As with CUDA, an event may be destroyed while stream work still records or waits on it: that
+// work holds the counts, which live until the last of it is done.
+struct EventCounts {
   std::atomic<uint64_t> recorded{0};
   std::atomic<uint64_t> completed{0};
+};
+struct Event {
+  std::shared_ptr<EventCounts> counts = std::make_shared<EventCounts>();
 };
 
 struct Kernel {
@@ -503,10 +508,10 @@ Result event_record(Event* event, void* handle) {
   NEED_INIT();
   Stream* stream = resolve(handle);
   if (stream == nullptr || event == nullptr) return kInvalidHandle;
-  const uint64_t generation = event->recorded.fetch_add(1) + 1;
-  stream->enqueue([event, generation] {
-    uint64_t seen = event->completed.load();
-    while (seen < generation && !event->completed.compare_exchange_weak(seen, generation)) {
+  const uint64_t generation = event->counts->recorded.fetch_add(1) + 1;
+  stream->enqueue([counts = event->counts, generation] {
+    uint64_t seen = counts->completed.load();
+    while (seen < generation && !counts->completed.compare_exchange_weak(seen, generation)) {
     }
   });
   return kSuccess;
@@ -514,13 +519,13 @@ Result event_record(Event* event, void* handle) {
 
 Result event_query(Event* event) {
   NEED_INIT();
-  return event->completed.load() >= event->recorded.load() ? kSuccess : kNotReady;
+  return event->counts->completed.load() >= event->counts->recorded.load() ? kSuccess : kNotReady;
 }
 
 Result event_synchronize(Event* event) {
   NEED_INIT();
-  const uint64_t target = event->recorded.load();
-  poll_until([&] { return event->completed.load() >= target; });
+  const uint64_t target = event->counts->recorded.load();
+  poll_until([&] { return event->counts->completed.load() >= target; });
   return kSuccess;
 }
 
@@ -528,9 +533,10 @@ Result stream_wait_event(void* handle, Event* event, unsigned) {
   NEED_INIT();
   Stream* stream = resolve(handle);
   if (stream == nullptr || event == nullptr) return kInvalidHandle;
-  const uint64_t target = event->recorded.load();
-  stream->enqueue(
-      [event, target] { poll_until([&] { return event->completed.load() >= target; }); });
+  const uint64_t target = event->counts->recorded.load();
+  stream->enqueue([counts = event->counts, target] {
+    poll_until([&] { return counts->completed.load() >= target; });
+  });
   return kSuccess;
 }
 
