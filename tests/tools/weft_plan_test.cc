@@ -783,6 +783,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"--model llama3-8b --train 64,1", "--train=64,1"},
         BadCase{"--model llama3-8b --train 63,1,4096 --tp 4", "global batch 63"},
         BadCase{"--model llama3-8b --train 64,1,4096 --frobnicate 1", "--frobnicate"},
+        BadCase{"--model llama3-8b --train 64,1,4096 --reserve-gb 16", "--reserve-gb=16"},
+        BadCase{"--model llama3-8b --train 64,1,4096 --search --reserve-gb 20", "--reserve-gb=20"},
         BadCase{"--model llama3-8b --train 64,1,4096 --cluster /nonexistent.json", "--cluster"}),
     bad_case_name);
 
@@ -848,6 +850,31 @@ TEST(PlanSearch, TriesFullRecomputationWhenSelectiveDoesNotFit) {
     ++checked;
   }
   EXPECT_EQ(checked, 1u) << out.out;
+}
+
+// --reserve-gb keeps memory free of the plan: a mesh that fits the device fits the search
+// only with the reserve left over, and the rejection says so.
+TEST(PlanSearch, ReserveKeepsMemoryFreeOfThePlan) {
+  const std::string model =
+      "--layers 8 --hidden 1024 --heads 16 --kv-heads 8 --ffn 4096 --vocab 32000 "
+      "--train 16,1,2048 --search --top 1000 --json --memory-gb 4 --cluster " +
+      kData + "plan-2x4.json";
+  const Outcome open = weft_plan(model), reserved = weft_plan(model + " --reserve-gb 2");
+  ASSERT_EQ(open.exit_code, 0) << open.out;
+  ASSERT_EQ(reserved.exit_code, 0) << reserved.out;
+  auto totals = [](const std::string& json) {
+    std::vector<double> out;
+    for (size_t at = 0; (at = json.find("\"memory\":", at)) != std::string::npos; ++at)
+      out.push_back(number_after(json, "total", at));
+    return out;
+  };
+  const std::vector<double> all = totals(open.out), kept = totals(reserved.out);
+  ASSERT_FALSE(kept.empty()) << reserved.out;
+  for (double total : kept) EXPECT_LE(total, 2e9);
+  EXPECT_GT(std::count_if(all.begin(), all.end(), [](double t) { return t > 2e9; }), 0)
+      << "the reserve must reject some mesh that fits the device";
+  EXPECT_NE(reserved.out.find("GB per rank > 2 GB (2 GB reserved)"), std::string::npos)
+      << reserved.out;
 }
 
 // The search varies what a user would: ZeRO 0-3, HSDP for ZeRO-3 (shard groups inside a

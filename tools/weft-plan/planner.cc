@@ -393,6 +393,17 @@ CallPrediction predict_call(const topo::Cluster& cluster, const std::vector<int>
   return Predictor(cluster).predict(ranks, primitive, bytes_per_call, element_bytes);
 }
 
+double usable_memory(const Options& o, const topo::Cluster& cluster) {
+  return cluster.device.memory_gb > 0 ? (cluster.device.memory_gb - o.reserve_gb) * 1e9 : 0;
+}
+
+std::string check_reserve(const Options& o, const topo::Cluster& cluster) {
+  if (o.reserve_gb < 0 || (o.reserve_gb > 0 && !(o.reserve_gb < cluster.device.memory_gb)))
+    return "--reserve-gb=" + num(o.reserve_gb) + " must be at least 0 and below the device's " +
+           num(cluster.device.memory_gb) + " GB";
+  return "";
+}
+
 std::string validate(const Options& o, const topo::Cluster& cluster) {
   const ModelSpec& m = o.model;
   for (auto [name, value] : {std::pair<const char*, int>{"--layers", m.layers},
@@ -483,6 +494,7 @@ std::string validate(const Options& o, const topo::Cluster& cluster) {
              "/cp=" + std::to_string(seq / o.cp) + " positions per rank are fewer than the halo " +
              "block-1=" + std::to_string(o.cp_block - 1);
   }
+  if (std::string bad = check_reserve(o, cluster); !bad.empty()) return bad;
   if (o.hot_expert_share < 0 || o.hot_expert_share > 1)
     return "--hot-expert=" + num(o.hot_expert_share) + " must be in [0, 1]";
   const int seq = o.work == Work::train ? o.seq : o.context;
@@ -880,7 +892,7 @@ std::vector<Candidate> search(const Options& base, const topo::Cluster& cluster)
       c.rejected = validate(o, cluster);
     }
     if (c.rejected.empty()) {
-      const double limit = cluster.device.memory_gb * 1e9;
+      const double limit = usable_memory(o, cluster);
       c.result = plan(o, cluster, &predictor, limit);
       if (limit > 0 && c.result.memory.total() > limit && o.work == Work::train &&
           o.recompute != "full") {
@@ -890,7 +902,8 @@ std::vector<Candidate> search(const Options& base, const topo::Cluster& cluster)
       }
       if (limit > 0 && c.result.memory.total() > limit)
         c.rejected = "does not fit: " + num(c.result.memory.total() / 1e9) + " GB per rank > " +
-                     num(cluster.device.memory_gb) + " GB" +
+                     num(limit / 1e9) + " GB" +
+                     (o.reserve_gb > 0 ? " (" + num(o.reserve_gb) + " GB reserved)" : "") +
                      (c.options.recompute == "full" ? " with full recomputation" : "");
     }
     out.push_back(std::move(c));

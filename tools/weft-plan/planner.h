@@ -75,7 +75,15 @@ struct Options {
   std::string recompute = "selective";  // none, selective, full
   double hot_expert_share = 0;          // MoE routing skew: share of slots on one expert
   size_t bucket_bytes = 25u << 20, first_bucket_bytes = 1u << 20;
+  // Memory per device kept free of the plan (CUDA context, allocator fragmentation, the
+  // framework's workspaces): a rank fits in the device's memory_gb less this.
+  double reserve_gb = 0;
 };
+
+// Bytes a rank may plan for on the cluster's devices (0: no limit given), and "" or the
+// error naming --reserve-gb when the reserve leaves nothing (validate checks it too).
+double usable_memory(const Options& options, const topo::Cluster& cluster);
+std::string check_reserve(const Options& options, const topo::Cluster& cluster);
 
 // One ledger entry, planned.
 struct Entry {

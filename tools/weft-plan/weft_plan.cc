@@ -37,7 +37,8 @@ constexpr const char* kUsage =
     "          or in place of softmax attention affine|compressed (--cp-block 32 --cp-stride 16)\n"
     "          --ep-sync-free --ep-dispatch flat|hier --recompute none|selective|full\n"
     "          --bucket-kb N --hot-expert SHARE (MoE routing skew: share of slots on one expert)\n"
-    "  device: --tflops T --memory-gb G --memory-gbps B (override the cluster file's device)\n";
+    "  device: --tflops T --memory-gb G --memory-gbps B (override the cluster file's device)\n"
+    "          --reserve-gb R (memory per device kept free of the plan; default 0)\n";
 
 bool parse_int(const std::string& text, int* out) {
   char* end = nullptr;
@@ -184,11 +185,12 @@ std::string parse(int argc, char** argv, Cli& cli) {
         return "--bucket-kb=" + value + ": expected a positive integer";
       o.bucket_bytes = o.first_bucket_bytes = size_t(kb) << 10;
     } else if (arg == "--hot-expert" || arg == "--tflops" || arg == "--memory-gb" ||
-               arg == "--memory-gbps") {
-      double* target = arg == "--hot-expert"  ? &o.hot_expert_share
-                       : arg == "--tflops"    ? &cli.tflops
-                       : arg == "--memory-gb" ? &cli.memory_gb
-                                              : &cli.memory_gbps;
+               arg == "--memory-gbps" || arg == "--reserve-gb") {
+      double* target = arg == "--hot-expert"   ? &o.hot_expert_share
+                       : arg == "--tflops"     ? &cli.tflops
+                       : arg == "--memory-gb"  ? &cli.memory_gb
+                       : arg == "--reserve-gb" ? &o.reserve_gb
+                                               : &cli.memory_gbps;
       if (!parse_double(value, target) || !(*target >= 0))
         return arg + "=" + value + ": expected a number >= 0";
     } else {
@@ -300,7 +302,7 @@ std::string human_bytes(double bytes) {
   return text;
 }
 
-void print_result(const Options& o, const Result& r) {
+void print_result(const Options& o, const Result& r, double usable) {
   printf("# weft-plan: %s (%.4g B params, %.4g B active), %s on %d ranks: %s\n",
          o.model.name.c_str(), r.params / 1e9, r.active_params / 1e9,
          o.work == Work::train     ? "train"
@@ -335,6 +337,9 @@ void print_result(const Options& o, const Result& r) {
            untimed);
   memory("", r.memory);
   memory(" (no SP, no recomputation)", r.memory_no_sp_recompute);
+  if (usable > 0 && r.memory.total() > usable)
+    printf("# warning: %.4g GB per rank does not fit in the %.4g GB a device offers%s\n",
+           r.memory.total() / 1e9, usable / 1e9, o.reserve_gb > 0 ? " (less --reserve-gb)" : "");
   printf(
       "# step: compute %.3f ms, communication %.3f ms (exposed %.3f ms), bubble %.3f ms "
       "(%.1f%%), step %.3f ms, MFU upper bound %.1f%%\n",
@@ -375,8 +380,12 @@ int run(int argc, char** argv) {
     if (cli.json)
       printf("%s\n", json_result(shown, r).c_str());
     else
-      print_result(shown, r);
+      print_result(shown, r, usable_memory(cli.options, cluster));
     return 0;
+  }
+  if (const std::string bad = check_reserve(cli.options, cluster); !bad.empty()) {
+    fprintf(stderr, "weft-plan: error: %s\n", bad.c_str());
+    return 2;
   }
   const std::vector<Candidate> all = search(cli.options, cluster);
   size_t fitting = 0;
