@@ -44,7 +44,8 @@ struct P2PCall {
 Status validate_collective(Communicator& comm, const CollectiveCall& call, size_t element);
 algo::Params collective_params(const Communicator& comm, const CollectiveCall& call, size_t element,
                                bool premul);
-void describe_math(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
+// `input_elements`: algo::input_count of the call's parameters (a PreMulSum scales them).
+void describe_math(const Communicator& comm, const CollectiveCall& call, uint64_t input_elements,
                    size_t element, const Communicator::PreMulSum* premul, JobMath* out);
 
 // Run now (stream null) or queued on the stream; inside a group, with the group.

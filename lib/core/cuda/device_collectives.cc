@@ -141,7 +141,7 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
   op.program = program.get();
   op.input = reinterpret_cast<drv::DevicePtr>(call.send);
   op.output = reinterpret_cast<drv::DevicePtr>(call.recv);
-  describe_math(comm, call, params, element, premul, &op.math);
+  describe_math(comm, call, algo::input_count(params), element, premul, &op.math);
   op.what = name;
   WEFT_LOG(TRACE, COLL, "%s count %llu %s on GPU %d: %s, %zu stream operations, %.1f us predicted",
            name, static_cast<unsigned long long>(call.count), dtype_name(call.dtype),
