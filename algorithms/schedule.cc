@@ -9,10 +9,6 @@ namespace weft::algo {
 
 namespace {
 
-constexpr const char* kCollectiveNames[kNumCollectives] = {
-    "allreduce", "reducescatter", "allgather", "broadcast", "reduce",
-    "alltoall",  "alltoallv",     "gather",    "scatter",   "barrier",
-};
 constexpr const char* kAlgorithmNames[kNumAlgorithms] = {
     "ring",  "tree",          "rhd",  "rd",     "bruck",   "pairwise", "binomial",
     "chain", "dissemination", "hier", "leader", "oneshot", "twoshot",
@@ -59,21 +55,6 @@ constexpr Entry kEntries[] = {
     {Algorithm::NodeLeader, Collective::Broadcast, detail::leader_broadcast},
     {Algorithm::NodeLeader, Collective::Reduce, detail::leader_reduce},
 };
-
-// Collectives the direct (shared-memory) algorithms implement.
-bool direct_supports(Algorithm algorithm, Collective collective) {
-  switch (algorithm) {
-    case Algorithm::OneShot:
-      return collective == Collective::AllReduce || collective == Collective::ReduceScatter ||
-             collective == Collective::AllGather || collective == Collective::Broadcast ||
-             collective == Collective::Reduce || collective == Collective::AllToAll ||
-             collective == Collective::AllToAllv;
-    case Algorithm::TwoShot:
-      return collective == Collective::AllReduce;
-    default:
-      return false;
-  }
-}
 
 const Entry* find_entry(Algorithm algorithm, Collective collective) {
   for (const Entry& entry : kEntries) {
@@ -141,19 +122,14 @@ bool validate(const Params& p, std::string* error) {
   return true;
 }
 
-uint64_t furthest_end(const uint64_t* displs, const uint64_t* counts, int n) {
+}  // namespace
+
+uint64_t detail::furthest_end(const uint64_t* displs, const uint64_t* counts, int n) {
   uint64_t end = 0;
   for (int q = 0; q < n; ++q) {
     if (counts[q] > 0) end = std::max(end, displs[q] + counts[q]);
   }
   return end;
-}
-
-}  // namespace
-
-const char* collective_name(Collective c) {
-  const int i = static_cast<int>(c);
-  return i < kNumCollectives ? kCollectiveNames[i] : "unknown";
 }
 
 const char* algorithm_name(Algorithm a) {
@@ -194,53 +170,8 @@ uint32_t Program::add(const Step& step, const std::vector<uint32_t>& after) {
   return static_cast<uint32_t>(steps.size() - 1);
 }
 
-uint64_t input_count(const Params& p) {
-  const uint64_t n = static_cast<uint64_t>(p.nranks);
-  const bool root = p.rank == p.root;
-  switch (p.collective) {
-    case Collective::ReduceScatter:
-    case Collective::AllToAll:
-      return n * p.count;
-    case Collective::Broadcast:
-      return root ? p.count : 0;
-    case Collective::Scatter:
-      return root ? n * p.count : 0;
-    case Collective::AllToAllv:
-      return furthest_end(p.send_displs, p.send_counts, p.nranks);
-    case Collective::Barrier:
-      return 0;
-    default:
-      return p.count;
-  }
-}
-
-uint64_t output_count(const Params& p) {
-  const uint64_t n = static_cast<uint64_t>(p.nranks);
-  const bool root = p.rank == p.root;
-  switch (p.collective) {
-    case Collective::AllGather:
-    case Collective::AllToAll:
-      return n * p.count;
-    case Collective::Reduce:
-      return root ? p.count : 0;
-    case Collective::Gather:
-      return root ? n * p.count : 0;
-    case Collective::AllToAllv:
-      return furthest_end(p.recv_displs, p.recv_counts, p.nranks);
-    case Collective::Barrier:
-      return 0;
-    default:
-      return p.count;
-  }
-}
-
-bool is_direct(Algorithm algorithm) {
-  return algorithm == Algorithm::OneShot || algorithm == Algorithm::TwoShot;
-}
-
-bool supports(Algorithm algorithm, Collective collective) {
-  // The direct test first: it is a switch, the table a scan (this runs on every call).
-  return direct_supports(algorithm, collective) || find_entry(algorithm, collective) != nullptr;
+bool has_schedule(Algorithm algorithm, Collective collective) {
+  return find_entry(algorithm, collective) != nullptr;
 }
 
 bool applicable(const Params& params, std::string* why) {

@@ -43,15 +43,26 @@ enum class Algorithm : uint8_t {
 };
 inline constexpr int kNumAlgorithms = 13;
 
-const char* collective_name(Collective c);  // "allreduce", "reducescatter", ...
-const char* algorithm_name(Algorithm a);    // "ring", "tree", "rhd", ...
+// Inline where the per-call paths ask (docs/performance.md, "Small-message fast path").
+inline constexpr const char* kCollectiveNames[kNumCollectives] = {
+    "allreduce", "reducescatter", "allgather", "broadcast", "reduce",
+    "alltoall",  "alltoallv",     "gather",    "scatter",   "barrier",
+};
+// "allreduce", "reducescatter", ...
+inline const char* collective_name(Collective c) {
+  const int i = static_cast<int>(c);
+  return i < kNumCollectives ? kCollectiveNames[i] : "unknown";
+}
+const char* algorithm_name(Algorithm a);  // "ring", "tree", "rhd", ...
 bool parse_collective(std::string_view name, Collective* out);
 bool parse_algorithm(std::string_view name, Algorithm* out);
 
 // Direct algorithms run over memory the ranks of one node share; the host
 // executor performs them itself, so they have no program (build() refuses
 // them) and apply only when every rank of the communicator is on one node.
-bool is_direct(Algorithm algorithm);
+inline bool is_direct(Algorithm algorithm) {
+  return algorithm == Algorithm::OneShot || algorithm == Algorithm::TwoShot;
+}
 
 // Where a range lives. Input is the user's send buffer, Output the user's
 // receive buffer, Scratch a buffer the executor provides (Program::scratch_count
@@ -134,11 +145,75 @@ struct Params {
 // where NCCL leaves a buffer unused on this rank: Input at a non-root
 // Broadcast or Scatter rank, Output at a non-root Reduce or Gather rank.
 // AllToAllv: the furthest end of this rank's displacement + count pairs.
-uint64_t input_count(const Params& params);
-uint64_t output_count(const Params& params);
+namespace detail {
+// The furthest end of n displacement + count pairs (AllToAllv's buffers).
+uint64_t furthest_end(const uint64_t* displs, const uint64_t* counts, int n);
+}  // namespace detail
+// The same for any collective but AllToAllv, from its shape alone: `n` ranks, `count` as
+// the C API's argument, `root`: whether this rank is the root (the per-call paths build no
+// Params).
+inline uint64_t input_count(Collective c, int n, bool root, uint64_t count) {
+  switch (c) {
+    case Collective::ReduceScatter:
+    case Collective::AllToAll:
+      return static_cast<uint64_t>(n) * count;
+    case Collective::Broadcast:
+      return root ? count : 0;
+    case Collective::Scatter:
+      return root ? static_cast<uint64_t>(n) * count : 0;
+    case Collective::Barrier:
+      return 0;
+    default:
+      return count;
+  }
+}
+inline uint64_t output_count(Collective c, int n, bool root, uint64_t count) {
+  switch (c) {
+    case Collective::AllGather:
+    case Collective::AllToAll:
+      return static_cast<uint64_t>(n) * count;
+    case Collective::Reduce:
+      return root ? count : 0;
+    case Collective::Gather:
+      return root ? static_cast<uint64_t>(n) * count : 0;
+    case Collective::Barrier:
+      return 0;
+    default:
+      return count;
+  }
+}
+inline uint64_t input_count(const Params& p) {
+  if (p.collective == Collective::AllToAllv)
+    return detail::furthest_end(p.send_displs, p.send_counts, p.nranks);
+  return input_count(p.collective, p.nranks, p.rank == p.root, p.count);
+}
+inline uint64_t output_count(const Params& p) {
+  if (p.collective == Collective::AllToAllv)
+    return detail::furthest_end(p.recv_displs, p.recv_counts, p.nranks);
+  return output_count(p.collective, p.nranks, p.rank == p.root, p.count);
+}
 
-// Whether `algorithm` implements `collective` (for any nranks).
-bool supports(Algorithm algorithm, Collective collective);
+// Collectives the direct (shared-memory) algorithms implement.
+inline bool direct_supports(Algorithm algorithm, Collective collective) {
+  switch (algorithm) {
+    case Algorithm::OneShot:
+      return collective == Collective::AllReduce || collective == Collective::ReduceScatter ||
+             collective == Collective::AllGather || collective == Collective::Broadcast ||
+             collective == Collective::Reduce || collective == Collective::AllToAll ||
+             collective == Collective::AllToAllv;
+    case Algorithm::TwoShot:
+      return collective == Collective::AllReduce;
+    default:
+      return false;
+  }
+}
+// Whether `algorithm` has a schedule for `collective`.
+bool has_schedule(Algorithm algorithm, Collective collective);
+// Whether `algorithm` implements `collective` (for any nranks). The direct test first: it
+// is a switch, the table a scan (this runs on every call).
+inline bool supports(Algorithm algorithm, Collective collective) {
+  return direct_supports(algorithm, collective) || has_schedule(algorithm, collective);
+}
 
 // Whether build() makes a program for `params`: the arguments are valid, the
 // pair is supported, and the layout suits the algorithm (hierarchical

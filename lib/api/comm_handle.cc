@@ -4,33 +4,21 @@
 #include <mutex>
 #include <vector>
 
-struct weftComm {
-  uint64_t magic;
-  std::unique_ptr<weft::Communicator> impl;
-};
-
 namespace weft {
 
-namespace {
-constexpr uint64_t kLiveMagic = 0x7765667443303031ull;     // "weftC001"
-constexpr uint64_t kRetiredMagic = 0x7765667444454144ull;  // "weftDEAD"
-}  // namespace
-
 weftComm_t wrap_comm(std::unique_ptr<Communicator> impl) {
-  return new weftComm{kLiveMagic, std::move(impl)};
+  return new weftComm{kLiveCommMagic, std::move(impl)};
 }
 
-Status resolve_comm(weftComm_t comm, Communicator** out) {
+Status comm_error(weftComm_t comm) {
   if (comm == nullptr) return Error(weftInvalidArgument, "comm is NULL");
-  if (comm->magic == kRetiredMagic)
+  if (comm->magic == kRetiredCommMagic)
     return Error(weftInvalidUsage, "comm was already destroyed or aborted");
-  if (comm->magic != kLiveMagic) return Error(weftInvalidArgument, "comm is not a communicator");
-  *out = comm->impl.get();
-  return Status::Ok();
+  return Error(weftInvalidArgument, "comm is not a communicator");
 }
 
 void retire_comm(weftComm_t comm) {
-  comm->magic = kRetiredMagic;
+  comm->magic = kRetiredCommMagic;
   comm->impl.reset();
   // Retired handles stay allocated (and reachable) for the process's life.
   static std::mutex mutex;

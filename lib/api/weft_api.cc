@@ -26,8 +26,8 @@ using weft::Status;
 
 namespace {
 
-weftResult_t report(const Status& status, const char* function) {
-  if (status.ok()) return weftSuccess;
+// A failed status as report() returns it: the thread's last error set, the failure logged.
+[[gnu::cold]] weftResult_t report_failure(const Status& status, const char* function) {
   std::string message = std::string(function) + ": " + status.message();
   weft::set_last_error(message);
   WEFT_LOG(INFO, INIT, "%s failed (%s): %s", function, weft::result_string(status.code()),
@@ -35,10 +35,15 @@ weftResult_t report(const Status& status, const char* function) {
   return status.code();
 }
 
+weftResult_t report(const Status& status, const char* function) {
+  return status.ok() ? weftSuccess : report_failure(status, function);
+}
+
 // A failure inside a group is also reported by the group's end.
 weftResult_t report_call(const Status& status, const char* function) {
-  if (!status.ok()) weft::group_record_error(status);
-  return report(status, function);
+  if (status.ok()) return weftSuccess;
+  weft::group_record_error(status);
+  return report_failure(status, function);
 }
 
 Status read_config(const weftConfig_t* config, weft::CommConfig* out) {
@@ -183,7 +188,8 @@ Status p2p(void* buffer, size_t count, int raw_dtype, int peer, weftComm_t comm,
 
 using Coll = weft::algo::Collective;
 
-Status run_collective(const weft::CollectiveCall& call, weftComm_t comm, weftStream_t stream) {
+inline Status run_collective(const weft::CollectiveCall& call, weftComm_t comm,
+                             weftStream_t stream) {
   weft::Communicator* impl = nullptr;
   WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
   weft::Stream* queue = nullptr;

@@ -104,10 +104,19 @@ Status validate_collective(Communicator& comm, const CollectiveCall& call, size_
 
 namespace {
 
-Status check_buffers(const CollectiveCall& call, const algo::Params& params,
-                     const Communicator::PreMulSum* premul) {
+// What validate_collective says of a call with a built-in op (below weftNumOps) but without
+// building a status: true only where it would return Ok (the fast path validates the calls
+// it answers false for).
+bool plainly_valid(const Communicator& comm, const CollectiveCall& call, size_t element) {
+  return element != 0 && call.op >= 0 && call.op < weftNumOps &&
+         (!is_rooted(call.collective) || (call.root >= 0 && call.root < comm.nranks())) &&
+         call.count <= kMaxElements / static_cast<uint64_t>(comm.nranks()) / element;
+}
+
+// `reads`, `writes`: whether the call reads its input and writes its output on this rank.
+inline Status check_buffers(const CollectiveCall& call, bool reads, bool writes,
+                            const Communicator::PreMulSum* premul) {
   const char* name = name_of(call.collective);
-  const bool reads = algo::input_count(params) > 0, writes = algo::output_count(params) > 0;
   if (reads && call.send == nullptr)
     return Error(weftInvalidArgument, "%s: sendbuff is NULL with count %llu", name,
                  static_cast<unsigned long long>(call.count));
@@ -204,7 +213,7 @@ Status prepare_direct(const Communicator& comm, const algo::Params& params, JobB
 
 }  // namespace
 
-void describe_math(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
+void describe_math(const Communicator& comm, const CollectiveCall& call, uint64_t input_elements,
                    size_t element, const Communicator::PreMulSum* premul, JobMath* out) {
   JobMath& math = *out;  // filled in place: the fast path builds one per call
   math.dtype = call.dtype;
@@ -214,7 +223,7 @@ void describe_math(const Communicator& comm, const CollectiveCall& call, const a
     math.premul = true;
     memcpy(math.premul_value, premul->value, sizeof(premul->value));
     if (!premul->immediate) math.premul_source = premul->pointer;
-    math.premul_count = algo::input_count(params);
+    math.premul_count = input_elements;
   }
   if (call.op == weftAvg && is_reduction(call.collective) &&
       (call.collective != algo::Collective::Reduce || comm.rank() == call.root)) {
@@ -223,13 +232,13 @@ void describe_math(const Communicator& comm, const CollectiveCall& call, const a
   }
 }
 
-CallShape call_shape(const CollectiveCall& call, const algo::Params& params, bool premul) {
+CallShape call_shape(const CollectiveCall& call, int root, bool premul) {
   CallShape shape;
   shape.collective = call.collective;
   shape.dtype = static_cast<uint8_t>(call.dtype);
   shape.op =
       static_cast<uint8_t>(is_reduction(call.collective) ? (premul ? weftNumOps : call.op) : 0);
-  shape.root = params.root;
+  shape.root = root;
   shape.count = call.count;
   return shape;
 }
@@ -237,15 +246,17 @@ CallShape call_shape(const CollectiveCall& call, const algo::Params& params, boo
 namespace {
 
 // What every job of a collective call carries, whichever path runs it: its buffers, the
-// reduction's math and the call's shape (for mismatch detection).
-void describe_job(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
-                  size_t element, const Communicator::PreMulSum* premul, Job* job) {
+// reduction's math and the call's shape (for mismatch detection). `root`: the call's (0 for
+// collectives without one); `input_elements`: what it reads of its input on this rank.
+inline void describe_job(const Communicator& comm, const CollectiveCall& call, int root,
+                         uint64_t input_elements, size_t element,
+                         const Communicator::PreMulSum* premul, Job* job) {
   job->input = static_cast<std::byte*>(const_cast<void*>(call.send));
   job->output = static_cast<std::byte*>(call.recv);
-  describe_math(comm, call, params, element, premul, &job->math);
+  describe_math(comm, call, input_elements, element, premul, &job->math);
   job->tag_kind = TagKind::Collective;
   job->what = name_of(call.collective);
-  job->shape = call_shape(call, params, premul != nullptr);
+  job->shape = call_shape(call, root, premul != nullptr);
   // WEFT_CHECK=full hashes the inputs that must agree in size, and a Broadcast's root's.
   if (comm.direct()->check() == CheckMode::Full) {
     const bool hashed = call.collective == algo::Collective::Broadcast
@@ -254,7 +265,7 @@ void describe_job(const Communicator& comm, const CollectiveCall& call, const al
                                   call.collective == algo::Collective::AllGather ||
                                   call.collective == algo::Collective::AllToAll ||
                                   call.collective == algo::Collective::Gather;
-    job->hashed_input_bytes = hashed ? algo::input_count(params) * element : 0;
+    job->hashed_input_bytes = hashed ? input_elements * element : 0;
   }
 }
 
@@ -378,7 +389,9 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
       is_reduction(call.collective) ? comm.premulsum(call.op) : nullptr;
 
   algo::Params params = collective_params(comm, call, element, premul != nullptr);
-  WEFT_RETURN_IF_ERROR(check_buffers(call, params, premul));
+  const uint64_t input_elements = algo::input_count(params);
+  WEFT_RETURN_IF_ERROR(
+      check_buffers(call, input_elements > 0, algo::output_count(params) > 0, premul));
   // Every rank must choose the same algorithm: AllToAllv's counts differ per
   // rank, so it is planned at one nominal size, never by its counts. (At its
   // zero count argument the model ranked pairwise first at 0 us, so it never
@@ -404,7 +417,7 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
     job.program = program.get();
     batch.programs.push_back(std::move(program));
   }
-  describe_job(comm, call, params, element, premul, &job);
+  describe_job(comm, call, params.root, input_elements, element, premul, &job);
   if (call.collective == algo::Collective::AllToAllv)
     keep_alltoallv_counts(comm, call, batch, &job);
   WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s chunk %llu in-place %d",
@@ -447,23 +460,31 @@ bool run_fast_path(Communicator& comm, const CollectiveCall& call, Status* statu
       !comm.direct()->available())
     return false;
   const size_t element = dtype_size(call.dtype);
-  *status = validate_collective(comm, call, element);
-  if (!status->ok()) return true;
+  if (!plainly_valid(comm, call, element)) {
+    *status = validate_collective(comm, call, element);
+    if (!status->ok()) return true;
+  }
   const algo::Algorithm algorithm =
       comm.tuner().algorithm(call.collective, call.count * element, element);
   if (!algo::is_direct(algorithm) || !algo::supports(algorithm, call.collective)) return false;
-  algo::Params params = call_params(comm, call);
-  *status = check_buffers(call, params, nullptr);
+  // As call_params and algo::input_count / output_count would say, without building Params.
+  const int root = is_rooted(call.collective) ? call.root : 0;
+  const bool is_root = comm.rank() == root;
+  const uint64_t input_elements =
+      algo::input_count(call.collective, comm.nranks(), is_root, call.count);
+  const uint64_t output_elements =
+      algo::output_count(call.collective, comm.nranks(), is_root, call.count);
+  *status = check_buffers(call, input_elements > 0, output_elements > 0, nullptr);
   if (!status->ok()) return true;
   DirectCall direct;
   direct.collective = call.collective;
   direct.algorithm = algorithm;
   direct.count = call.count;
-  direct.root = params.root;
+  direct.root = root;
   Job job;
   job.comm = &comm;
   job.direct = &direct;
-  describe_job(comm, call, params, element, nullptr, &job);
+  describe_job(comm, call, root, input_elements, element, nullptr, &job);
   WEFT_LOG(TRACE, COLL, "%s count %llu %s algorithm %s: blocking fast path",
            name_of(call.collective), static_cast<unsigned long long>(call.count),
            dtype_name(call.dtype), algo::algorithm_name(algorithm));

@@ -44,10 +44,12 @@ struct P2PCall {
 Status validate_collective(Communicator& comm, const CollectiveCall& call, size_t element);
 algo::Params collective_params(const Communicator& comm, const CollectiveCall& call, size_t element,
                                bool premul);
-void describe_math(const Communicator& comm, const CollectiveCall& call, const algo::Params& params,
+// `input_elements`: algo::input_count of the call's parameters (a PreMulSum scales them).
+void describe_math(const Communicator& comm, const CollectiveCall& call, uint64_t input_elements,
                    size_t element, const Communicator::PreMulSum* premul, JobMath* out);
-// The call as peers compare it (WEFT_CHECK): every pre-multiplied sum is one op.
-CallShape call_shape(const CollectiveCall& call, const algo::Params& params, bool premul);
+// The call as peers compare it (WEFT_CHECK): every pre-multiplied sum is one op; `root`: the
+// call's (0 for collectives without one).
+CallShape call_shape(const CollectiveCall& call, int root, bool premul);
 
 // Run now (stream null) or queued on the stream; inside a group, with the group.
 Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream* stream);

@@ -238,7 +238,7 @@ Communicator::~Communicator() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-Status Communicator::usable() const {
+Status Communicator::unusable() const {
   weftResult_t code = failed_code_.load(std::memory_order_acquire);
   if (code == weftSuccess) {
     if (finalized_)

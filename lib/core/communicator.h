@@ -101,8 +101,13 @@ class Communicator {
   // its collectives take device memory only and run on CUDA streams.
   cuda::DeviceComm* device() const { return device_.get(); }
 
-  // Ok while the communicator can run operations; otherwise why not.
-  Status usable() const;
+  // Ok while the communicator can run operations; otherwise why not (inline: every call
+  // asks, and a usable communicator needs two loads).
+  Status usable() const {
+    if (failed_code_.load(std::memory_order_acquire) == weftSuccess && !finalized_)
+      return Status::Ok();
+    return unusable();
+  }
   // weftSuccess, or the error that failed the communicator.
   weftResult_t async_error() const { return failed_code_.load(std::memory_order_acquire); }
   // Marks the communicator failed (first cause wins) and wakes every wait.
@@ -260,6 +265,8 @@ class Communicator {
   bool record_failure(weftResult_t code, const std::string& message);
   int wake_fd_ = -1;  // eventfd: written when the communicator fails
   std::atomic<weftResult_t> failed_code_{weftSuccess};
+  // usable() once it found the communicator failed or finalized: the status saying which.
+  Status unusable() const;
   mutable std::mutex failure_mutex_;
   std::condition_variable failed_;  // notified when a failure is recorded
   std::string failed_message_;

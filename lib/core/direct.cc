@@ -119,15 +119,10 @@ bool has_slots(algo::Collective collective) {
          collective == algo::Collective::AllToAll || collective == algo::Collective::AllToAllv;
 }
 
-// dst = source(0) op source(1) op ... op source(n-1), where source(q) points
-// at rank q's first element; the order is fixed, so every rank gets the same bits.
+// reduce_ranks for two ranks or more.
 template <typename Source>
-void reduce_ranks(const JobMath& math, int n, std::byte* dst, uint64_t count, Source source) {
+void reduce_ranks_of(const JobMath& math, int n, std::byte* dst, uint64_t count, Source source) {
   const size_t e = math.element_size;
-  if (n == 1) {
-    copy_bytes(dst, source(0), count * e);
-    return;
-  }
   const uint64_t chunk = std::max<uint64_t>(1, kReduceChunkBytes / e);
   for (uint64_t begin = 0; begin < count; begin += chunk) {
     const uint64_t length = std::min(chunk, count - begin);
@@ -136,6 +131,18 @@ void reduce_ranks(const JobMath& math, int n, std::byte* dst, uint64_t count, So
     for (int q = 2; q < n; ++q)
       reduce::apply(math.dtype, math.op, dst + at, dst + at, source(q) + at, length);
   }
+}
+
+// dst = source(0) op source(1) op ... op source(n-1), where source(q) points
+// at rank q's first element; the order is fixed, so every rank gets the same bits.
+// Inline: a rank alone copies.
+template <typename Source>
+inline void reduce_ranks(const JobMath& math, int n, std::byte* dst, uint64_t count,
+                         Source source) {
+  if (n == 1)
+    copy_bytes(dst, source(0), count * math.element_size);
+  else
+    reduce_ranks_of(math, n, dst, count, source);
 }
 
 bool overlaps(const std::byte* a, size_t a_bytes, const std::byte* b, size_t b_bytes) {
@@ -376,27 +383,31 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
     controls_.push_back(reinterpret_cast<Control*>(segment.data()));
     announcements_.push_back(
         reinterpret_cast<std::atomic<uint64_t>*>(segment.data() + kControlBytes));
+    stagings_.push_back(segment.data() + header_bytes_);
   }
+  half_bytes_ = staging_bytes_ / 2;
   bell_.store(&controls_[rank]->bell, std::memory_order_release);
   WEFT_LOG(INFO, INIT, "rank %d: direct algorithms over %zu bytes of staging per rank%s", rank,
            staging_bytes_, nranks > 1 ? " in /dev/shm" : "");
   return Status::Ok();
 }
 
-DirectState::Control& DirectState::control(int rank) const {
+// The helpers of advance() are inline: it runs on every direct call, and a call to each
+// costs as much as its work (docs/performance.md, "Small-message fast path").
+inline DirectState::Control& DirectState::control(int rank) const {
   return *controls_[rank];
 }
 
 // The half of `rank`'s staging that the round in progress uses.
-const std::byte* DirectState::staging(int rank) const {
-  return segments_[rank].data() + header_bytes_ + ((round_ + 1) % 2) * (staging_bytes_ / 2);
+inline const std::byte* DirectState::staging(int rank) const {
+  return stagings_[rank] + ((round_ + 1) % 2) * half_bytes_;
 }
 
-std::byte* DirectState::own_staging() const {
+inline std::byte* DirectState::own_staging() const {
   return const_cast<std::byte*>(staging(rank_));
 }
 
-void DirectState::note_cpu() const {
+inline void DirectState::note_cpu() const {
   if (nranks_ > 1) control(rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
 }
 
@@ -412,8 +423,9 @@ void DirectState::interrupt() {
   if (shm::Doorbell* bell = doorbell()) bell->interrupt();
 }
 
-void DirectState::ring_peers() const {
+inline void DirectState::ring_peers() const {
   // Only peers wait for what this rank publishes; one fence serves every doorbell.
+  if (nranks_ == 1) return;
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int q = 0; q < nranks_; ++q)
     if (q != rank_) controls_[q]->bell.ring_fenced();
@@ -445,13 +457,6 @@ CallShape unpack_shape(uint64_t shape, uint64_t count) {
   return call;
 }
 }  // namespace
-
-uint64_t call_fingerprint(const CallShape& call) {
-  const uint64_t count = call.collective == algo::Collective::AllToAllv ? 0 : call.count;
-  uint64_t word = (pack_shape(call) ^ 0x9E3779B97F4A7C15ull) * 0xFF51AFD7ED558CCDull;
-  word = (word ^ (word >> 31) ^ count) * 0xC4CEB9FE1A85EC53ull;
-  return word ^ (word >> 29);
-}
 
 std::string describe_call(const CallShape& call) {
   static const char* const kOps[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
@@ -582,7 +587,8 @@ std::string DirectState::count_mismatch(uint64_t sequence, uint64_t shape) const
   return "";
 }
 
-bool DirectState::peers_ready(uint64_t round, uint64_t tag, bool* more, bool* same_call) const {
+inline bool DirectState::peers_ready(uint64_t round, uint64_t tag, bool* more,
+                                     bool* same_call) const {
   *more = false;
   *same_call = true;
   for (Control* peer : controls_) {
@@ -594,12 +600,17 @@ bool DirectState::peers_ready(uint64_t round, uint64_t tag, bool* more, bool* sa
   return true;
 }
 
-uint64_t DirectState::slot_elements(const Job& job) const {
+inline bool DirectState::staged_unoffered(const Job& job) const {
+  return !shared() || !zero_copy_capable(*job.direct) ||
+         job.direct->count * job.math.element_size < offer_floor_;
+}
+
+inline uint64_t DirectState::slot_elements(const Job& job) const {
   size_t slots = has_slots(job.direct->collective) ? nranks_ : 1;
   return staging_bytes_ / 2 / (slots * job.math.element_size);
 }
 
-uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
+inline uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
   const DirectCall& call = *job.direct;
   if (call.collective != algo::Collective::AllToAllv) {
     uint64_t chunks = ceil_div(call.count, per_round);
@@ -612,12 +623,14 @@ uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
   return ceil_div(largest, per_round);
 }
 
-void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offset_bytes,
-                             uint64_t count) const {
+inline void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offset_bytes,
+                                    uint64_t count) const {
   reduce_ranks(job.math, nranks_, dst, count, [&](int q) { return staging(q) + offset_bytes; });
 }
 
-bool DirectState::pack(const Job& job, const std::byte* input, const DirectRun& run) const {
+// Inlined into advance(), its only caller (a call costs a third of a small call's pack).
+[[gnu::always_inline]] inline bool DirectState::pack(const Job& job, const std::byte* input,
+                                                     const DirectRun& run) const {
   const DirectCall& call = *job.direct;
   const size_t e = job.math.element_size;
   const uint64_t per_round = run.per_round, step = run.step;
@@ -660,7 +673,7 @@ bool DirectState::pack(const Job& job, const std::byte* input, const DirectRun& 
   return step + 1 < run.rounds;
 }
 
-void DirectState::unpack(const Job& job, const DirectRun& run) const {
+inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
   const DirectCall& call = *job.direct;
   const size_t e = job.math.element_size;
   const uint64_t per_round = run.per_round, step = run.step;
@@ -726,8 +739,12 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     run->sized = true;
   }
   bool more = run->rounds > 0;
-  if (more && run->path == DirectRun::Path::Undecided && !choose_path(job, input, run))
-    return false;
+  if (more && run->path == DirectRun::Path::Undecided) {
+    if (staged_unoffered(job))
+      run->path = DirectRun::Path::Staging;
+    else if (!choose_path(job, input, run))
+      return false;
+  }
   if (run->path == DirectRun::Path::ZeroCopy) {
     if (!zero_copy(job, run, progressed)) return false;
     more = false;
@@ -836,8 +853,7 @@ DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input
 
 bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun* run) {
   using Path = DirectRun::Path;
-  if (!shared() || !zero_copy_capable(*job.direct) ||
-      job.direct->count * job.math.element_size < offer_floor_) {
+  if (staged_unoffered(job)) {
     run->path = Path::Staging;
     return true;
   }

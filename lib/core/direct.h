@@ -40,6 +40,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -78,7 +79,15 @@ static_assert(offsetof(CallShape, count) == sizeof(uint64_t), "the shape's word 
 std::string describe_call(const CallShape& call);
 // The call hashed to 64 bits, which differ between calls that differ but for rare
 // collisions: the whole shape, but an AllToAllv's count (its ranks' counts differ).
-uint64_t call_fingerprint(const CallShape& call);
+// Inline: every collective's launch hashes its call.
+inline uint64_t call_fingerprint(const CallShape& call) {
+  const uint64_t count = call.collective == algo::Collective::AllToAllv ? 0 : call.count;
+  uint64_t shape;  // the shape's first word, as announced
+  memcpy(&shape, &call, sizeof(shape));
+  uint64_t word = (shape ^ 0x9E3779B97F4A7C15ull) * 0xFF51AFD7ED558CCDull;
+  word = (word ^ (word >> 31) ^ count) * 0xC4CEB9FE1A85EC53ull;
+  return word ^ (word >> 29);
+}
 
 // What a direct job computes (copied from the call, so that a job queued on a
 // stream does not depend on the caller's count arrays).
@@ -221,8 +230,11 @@ class DirectState {
   uint64_t slot_elements(const Job& job) const;
   void reduce_all(const Job& job, std::byte* dst, size_t offset_bytes, uint64_t count) const;
 
-  // Zero copy. Publishes this rank's offer, then (when it could be read in
-  // place) waits for the peers' and decides; false while waiting.
+  // Zero copy. Whether the op is staged without offers (no peer, a collective that is never
+  // read in place, or below every rank's smallest offer).
+  bool staged_unoffered(const Job& job) const;
+  // Publishes this rank's offer, then (when it could be read in place) waits for the
+  // peers' and decides; false while waiting.
   bool choose_path(const Job& job, const std::byte* input, DirectRun* run);
   struct Offer;
   // How peers may read this rank's input in place, if at all.
@@ -250,6 +262,8 @@ class DirectState {
   size_t staging_bytes_ = 0;
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;
+  std::vector<std::byte*> stagings_;                   // by rank: its staging (both halves)
+  size_t half_bytes_ = 0;                              // staging_bytes_ / 2
   std::vector<std::atomic<uint64_t>*> announcements_;  // by rank: its first slot
   std::atomic<shm::Doorbell*> bell_{nullptr};
   // Rounds of this communicator completed by its direct ops (all ranks agree;

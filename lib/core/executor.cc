@@ -65,7 +65,7 @@ uint64_t hash_bytes(const std::byte* data, size_t bytes) {
 
 // WEFT_CHECK=full, when the job starts (a stream's earlier work may have written its
 // input): the hash of its input, for peers to compare.
-void announce_input(const Job& job) {
+inline void announce_input(const Job& job) {
   if (job.hashed_input_bytes == 0 || !checked(job, CheckMode::Full)) return;
   job.comm->direct()->announce_input_hash(job.sequence,
                                           hash_bytes(job.input, job.hashed_input_bytes));
@@ -129,7 +129,8 @@ Status check_inputs(const Job& job) {
 // A completed job's last work: a call that ran against a peer's different call may have
 // completed with garbage (same sizes), so it fails instead (unless the direct path's ready
 // words showed every peer in the same call: `same_call`); Avg divides its output.
-Status finish_job(const Job& job, bool same_call) {
+// Inlined into both callers: a direct call's completion is mostly these tests.
+[[gnu::always_inline]] inline Status finish_job(const Job& job, bool same_call) {
   if (!same_call && maybe_mismatched(job)) WEFT_RETURN_IF_ERROR(check_mismatch(job));
   if (checked(job, CheckMode::Full)) WEFT_RETURN_IF_ERROR(check_inputs(job));
   const JobMath& math = job.math;

@@ -8,10 +8,11 @@
 
 namespace weft {
 
+thread_local constinit int detail::t_group_depth = 0;
+
 namespace {
 
 struct GroupState {
-  int depth = 0;
   JobBatch group;  // operations of the open group
   Stream* group_stream = nullptr;
   bool group_has_ops = false;
@@ -20,11 +21,11 @@ struct GroupState {
   Status first_error;
   // A thread (or the process) ending inside a group drops what the group holds.
   ~GroupState() {
-    if (depth > 0)
+    if (detail::t_group_depth > 0)
       WEFT_LOG(WARN, INIT,
                "a thread ended inside weftGroupStart (depth %d) without weftGroupEnd: its %zu "
                "queued operation(s) never ran",
-               depth, group.jobs.size());
+               detail::t_group_depth, group.jobs.size());
   }
 };
 thread_local GroupState t_group;
@@ -37,7 +38,7 @@ GroupState& group_state() {
 
 // Tags are numbered when a batch launches, in call order, so that a call or
 // group that failed before launching consumes no sequence number.
-void assign_collective_sequence(Job& job) {
+inline void assign_collective_sequence(Job& job) {
   job.sequence = job.comm->next_collective_sequence();
   job.sequence_base = (job.sequence & 0xFFFF) << 20;
   job.tag_salt = call_fingerprint(job.shape) >> 57;
@@ -62,7 +63,7 @@ void assign_sequences(JobBatch& batch) {
 }
 
 // After numbering: fails work that needs a peer that left before it was numbered.
-Status check_departures(std::span<const Job> jobs) {
+inline Status check_departures(std::span<const Job> jobs) {
   // Pairs with Communicator::peer_left: either it sees these numbers, or this sees its peer.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (const Job& job : jobs)
@@ -89,36 +90,33 @@ Status launch(JobBatch& batch, Stream* stream) {
 
 Status group_start() {
   GroupState& g = group_state();
-  if (g.depth == 0) {
+  if (detail::t_group_depth == 0) {
     g.first_error = Status::Ok();
     g.group_has_ops = false;
     g.group_stream = nullptr;
   }
-  ++g.depth;
+  ++detail::t_group_depth;
   return Status::Ok();
 }
 
-bool in_group() {
-  return group_state().depth > 0;
-}
-
 void group_record_error(const Status& status) {
+  if (!in_group()) return;
   GroupState& g = group_state();
-  if (g.depth > 0 && g.first_error.ok()) g.first_error = status;
+  if (g.first_error.ok()) g.first_error = status;
 }
 
 size_t group_ops_of(const Communicator* comm) {
+  if (!in_group()) return 0;
   const GroupState& g = group_state();
-  if (g.depth == 0) return 0;
   return static_cast<size_t>(std::count_if(g.group.jobs.begin(), g.group.jobs.end(),
                                            [comm](const Job& job) { return job.comm == comm; }));
 }
 
 Status group_end() {
   GroupState& g = group_state();
-  if (g.depth == 0)
+  if (detail::t_group_depth == 0)
     return Error(weftInvalidUsage, "weftGroupEnd called without a matching weftGroupStart");
-  if (--g.depth > 0) return Status::Ok();
+  if (--detail::t_group_depth > 0) return Status::Ok();
   if (!g.first_error.ok()) {
     Status error = g.first_error;
     g.first_error = Status::Ok();
@@ -143,7 +141,7 @@ Status launch_direct(Job& job) {
 
 Status begin_submit(Stream* stream, JobBatch** batch) {
   GroupState& g = group_state();
-  if (g.depth == 0) {
+  if (detail::t_group_depth == 0) {
     g.single.clear();
     g.single_stream = stream;
     *batch = &g.single;
@@ -161,7 +159,7 @@ Status begin_submit(Stream* stream, JobBatch** batch) {
 
 Status finish_submit(const Status& prepared) {
   GroupState& g = group_state();
-  if (g.depth > 0) return prepared;  // errors are recorded by the API layer
+  if (detail::t_group_depth > 0) return prepared;  // errors are recorded by the API layer
   if (!prepared.ok()) {
     g.single.clear();
     return prepared;

@@ -12,7 +12,15 @@ namespace weft {
 
 Status group_start();
 Status group_end();
-bool in_group();
+namespace detail {
+// The calling thread's group nesting depth (apart from the group's state, which is
+// constructed on first use: a constant-initialised int is read without a wrapper call).
+extern thread_local constinit int t_group_depth;
+}  // namespace detail
+// Whether the calling thread is inside weftGroupStart/End (inline: every call asks).
+inline bool in_group() {
+  return detail::t_group_depth > 0;
+}
 // Records an error raised inside a group; group_end reports it.
 void group_record_error(const Status& status);
 // Operations of `comm` queued in this thread's open group (0 outside a group).

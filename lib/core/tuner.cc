@@ -166,10 +166,6 @@ Status parse_algorithm_overrides(const std::string& spec, const char* source,
   return Status::Ok();
 }
 
-int size_bucket(uint64_t bytes) {
-  return std::bit_width(bytes);
-}
-
 TuneContext tune_context(const CommTopology& topology, bool shared_memory,
                          const AlgorithmOverrides& overrides, const Calibration& machine) {
   TuneContext context;
@@ -350,15 +346,6 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
   plan.chunk_elements = std::max<uint64_t>(1, decision.chunk_bytes / element_size);
   plan.predicted_us = decision.time_us;
   return plan;
-}
-
-algo::Algorithm Tuner::algorithm(algo::Collective collective, uint64_t bytes, size_t element_size) {
-  const int c = static_cast<int>(collective);
-  const uint8_t decided = decided_[c][size_bucket(bytes)].load(std::memory_order_acquire);
-  if (decided == 0) return plan(collective, bytes, element_size).algorithm;
-  last_unlocked_.store(static_cast<uint64_t>(c + 1) << kLastShift | bytes,
-                       std::memory_order_relaxed);
-  return static_cast<algo::Algorithm>(decided - 1);
 }
 
 std::optional<Tuner::Last> Tuner::last() const {

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -153,6 +154,19 @@ class Tuner {
 };
 
 // The size bucket of `bytes`: its bit width (0 for 0, 1 for 1, 2 for 2-3, ...).
-int size_bucket(uint64_t bytes);
+inline int size_bucket(uint64_t bytes) {
+  return std::bit_width(bytes);
+}
+
+// Inline: the blocking fast path asks on every call.
+inline algo::Algorithm Tuner::algorithm(algo::Collective collective, uint64_t bytes,
+                                        size_t element_size) {
+  const int c = static_cast<int>(collective);
+  const uint8_t decided = decided_[c][size_bucket(bytes)].load(std::memory_order_acquire);
+  if (decided == 0) return plan(collective, bytes, element_size).algorithm;
+  last_unlocked_.store(static_cast<uint64_t>(c + 1) << kLastShift | bytes,
+                       std::memory_order_relaxed);
+  return static_cast<algo::Algorithm>(decided - 1);
+}
 
 }  // namespace weft

@@ -103,7 +103,7 @@ Status announce_call(Communicator& comm, const CollectiveCall& call, const algo:
   DirectState& direct = *comm.direct();
   if (comm.nranks() == 1 || !direct.shared() || direct.check() == CheckMode::Off)
     return Status::Ok();
-  const CallShape shape = call_shape(call, params, premul);
+  const CallShape shape = call_shape(call, params.root, premul);
   std::vector<uint64_t> counts;
   if (call.collective == algo::Collective::AllToAllv) {
     counts.assign(call.send_counts, call.send_counts + comm.nranks());
@@ -172,7 +172,7 @@ Status submit_collective(Communicator& comm, const CollectiveCall& call, Stream*
   op.program = program.get();
   op.input = reinterpret_cast<drv::DevicePtr>(call.send);
   op.output = reinterpret_cast<drv::DevicePtr>(call.recv);
-  describe_math(comm, call, params, element, premul, &op.math);
+  describe_math(comm, call, algo::input_count(params), element, premul, &op.math);
   op.what = name;
   WEFT_LOG(TRACE, COLL, "%s count %llu %s on GPU %d: %s, %zu stream operations, %.1f us predicted",
            name, static_cast<unsigned long long>(call.count), dtype_name(call.dtype),

@@ -184,12 +184,9 @@ bool nothing_loaded_since_pin() {
   return tail != nullptr && __atomic_load_n(&tail->l_next, __ATOMIC_ACQUIRE) == nullptr;
 }
 
-// The driver if this process has loaded libcuda, else null. Loaded objects
-// only change when dlpi_adds does, so a miss costs one early-stopped probe
-// (or, with a pinned tail, one load).
-const Api* loaded_driver() {
-  if (const Api* d = g_driver.load(std::memory_order_acquire)) return d;
-  if (nothing_loaded_since_pin()) return nullptr;
+// loaded_driver() once objects were loaded since the last scan (or none is pinned): looks
+// for libcuda among them. Apart, so that the per-call check sets up none of its state.
+[[gnu::noinline]] const Api* scan_for_driver() {
   Scan probe{true, 0, false, {}};
   dl_iterate_phdr(scan_object, &probe);
   // A full scan of these objects is done (and published its driver, if it found one, first).
@@ -207,6 +204,15 @@ const Api* loaded_driver() {
   if (!full.found) pin_tail(full.tail);
   g_scanned_adds.store(full.adds, std::memory_order_release);
   return resolved ? &driver : nullptr;
+}
+
+// The driver if this process has loaded libcuda, else null. Loaded objects
+// only change when dlpi_adds does, so a miss costs one early-stopped probe
+// (or, with a pinned tail, one load).
+const Api* loaded_driver() {
+  if (const Api* d = g_driver.load(std::memory_order_acquire)) return d;
+  if (nothing_loaded_since_pin()) return nullptr;
+  return scan_for_driver();
 }
 
 }  // namespace
