@@ -769,10 +769,10 @@ Result plan(const Options& input, const topo::Cluster& cluster, Predictor* predi
   // cover is exposed, shared among the entries by their time.
   if (o.cp > 1) {
     const LayerShape shape = layer_shape(m, 0);
+    // The rank's queries over every key, halved by the causal mask (no CP with --decode).
     const double attn_fwd_s = tokens / o.cp * 2 * seq * (double(m.heads) / o.tp) *
-                              (shape.attn_qk_dim + shape.attn_v_dim) *
-                              (o.work != Work::decode ? 0.5 : 1.0) / peak;
-    for (const std::string window : {"attn", "attn-bwd"}) {
+                              (shape.attn_qk_dim + shape.attn_v_dim) * 0.5 / peak;
+    for (const std::string_view window : {"attn", "attn-bwd"}) {
       double steps = 0, comm_s = 0;  // per layer and micro-batch
       for (const Entry& p : r.entries)
         if (p.window == window) {
