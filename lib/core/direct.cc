@@ -39,6 +39,11 @@ constexpr size_t kSlotSequence = 0, kSlotCount = 1, kSlotShape = 2, kSlotHashed 
 // so that 2^40 rounds fit), whether the rank needs another round in bit 0.
 constexpr unsigned kRoundShift = 24;
 constexpr uint64_t kTagMask = (uint64_t{1} << (kRoundShift - 1)) - 1;
+// Lanes: slots in the header, after the announcements. A Broadcast or Reduce of at most
+// kLaneBytes takes one (WEFT_CHECK=off); kLanes of them let a sender run that many calls
+// minus one ahead of its slowest peer.
+constexpr uint64_t kLanes = 16;
+constexpr size_t kLaneBytes = 512;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -53,10 +58,16 @@ size_t slot_words(int nranks) {
   return round_up(kSlotCounts + 2 * static_cast<size_t>(nranks), kLine / sizeof(uint64_t));
 }
 
-// What precedes the staging in each rank's segment: the control block and the announcements.
+// Where the lane slots start in each rank's segment: after the control block and the
+// announcements.
+size_t lanes_offset(int nranks) {
+  return round_up(kControlBytes + kAnnounced * slot_words(nranks) * sizeof(uint64_t), kLine);
+}
+
+// What precedes the staging in each rank's segment: the control block, the announcements
+// and the lane slots.
 size_t header_bytes(int nranks) {
-  return round_up(kControlBytes + kAnnounced * slot_words(nranks) * sizeof(uint64_t),
-                  kControlBytes);
+  return round_up(lanes_offset(nranks) + kLanes * kLaneBytes, kControlBytes);
 }
 
 // WEFT_CHECK, or on when unset; a value that does not parse fails init.
@@ -234,6 +245,9 @@ struct DirectState::Control {
   std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0}, offer_bytes{0};
   // The last zero-copy op in which this rank finished reading its peers' inputs.
   alignas(kLine) std::atomic<uint64_t> done{0};
+  // Per lane slot: the last lane round this rank published in it (its slot written first
+  // when it writes one).
+  alignas(kLine) std::atomic<uint64_t> lane_ready[kLanes] = {};
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(DirectState::Control) <= kControlBytes);
@@ -384,6 +398,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
     announcements_.push_back(
         reinterpret_cast<std::atomic<uint64_t>*>(segment.data() + kControlBytes));
     stagings_.push_back(segment.data() + header_bytes_);
+    lanes_.push_back(segment.data() + lanes_offset(nranks));
   }
   half_bytes_ = staging_bytes_ / 2;
   bell_.store(&controls_[rank]->bell, std::memory_order_release);
@@ -600,6 +615,76 @@ inline bool DirectState::peers_ready(uint64_t round, uint64_t tag, bool* more,
   return true;
 }
 
+inline bool DirectState::lane_op(const Job& job) const {
+  // Every rank decides alike: WEFT_CHECK and the offer floor are the same on all of them,
+  // and the rest is the call's.
+  const DirectCall& call = *job.direct;
+  return check_ == CheckMode::Off && shared() &&
+         (call.collective == algo::Collective::Broadcast ||
+          call.collective == algo::Collective::Reduce) &&
+         call.algorithm == algo::Algorithm::OneShot &&
+         call.count * job.math.element_size <= kLaneBytes && staged_unoffered(job);
+}
+
+inline const std::byte* DirectState::lane_slot(int q, uint64_t round) const {
+  return lanes_[q] + (round % kLanes) * kLaneBytes;
+}
+
+inline bool DirectState::lane_published(int q, uint64_t round) const {
+  // Acquire: pairs with rank q's release of `round` in advance_lane, after its slot's
+  // writes (its data) and after its reads of the rounds before (what it took of ours).
+  return controls_[q]->lane_ready[round % kLanes].load(std::memory_order_acquire) >= round;
+}
+
+bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun* run,
+                               bool* progressed) {
+  const DirectCall& call = *job.direct;
+  const uint64_t round = lane_round_ + 1;
+  const size_t bytes = call.count * job.math.element_size;
+  const bool broadcast = call.collective == algo::Collective::Broadcast;
+  const bool root = rank_ == call.root;
+  run->lane_root = broadcast ? call.root : -1;
+  if (!run->published) {
+    // The slot held round - kLanes: every peer must be done with it, which it is once it
+    // published round - kLanes + 1 (a rank publishes a lane round only after finishing the
+    // one before). A peer can publish no later round in that slot meanwhile: that needs
+    // this rank's round + 1.
+    if (round >= kLanes && lane_acked_ < round - kLanes + 1) {
+      for (int q = 0; q < nranks_; ++q)
+        if (q != rank_ && !lane_published(q, round - kLanes + 1)) return false;
+      lane_acked_ = round - kLanes + 1;
+    }
+    if (!broadcast || root)
+      copy_bytes(const_cast<std::byte*>(lane_slot(rank_, round)), input, bytes);
+    note_cpu();
+    // Release: the slot's bytes before the word (a reader's acquire sees them), and this
+    // rank's reads of earlier rounds before it (a writer's acquire orders its next write
+    // to those slots after them).
+    control(rank_).lane_ready[round % kLanes].store(round, std::memory_order_release);
+    ring_peers();
+    run->published = true;
+    *progressed = true;
+  }
+  if (broadcast && !root) {
+    // Only the root's slot is read. Its word still holds this round: the root publishes
+    // round + kLanes there only after this rank published round + 1.
+    if (!lane_published(call.root, round)) return false;
+    copy_bytes(job.output, lane_slot(call.root, round), bytes);
+  } else if (broadcast) {
+    copy_bytes(job.output, input, bytes);  // in place, the root's output is its input
+  } else if (root) {
+    for (int q = 0; q < nranks_; ++q)
+      if (q != rank_ && !lane_published(q, round)) return false;
+    lane_acked_ = round;
+    reduce_ranks(job.math, nranks_, job.output, call.count,
+                 [&](int q) { return lane_slot(q, round); });
+  }
+  // Reduce's non-roots read nothing: the round ends with its publication.
+  lane_round_ = round;
+  run->same_call = false;  // no peer's call seen (WEFT_CHECK=off: nothing compares)
+  return true;
+}
+
 inline bool DirectState::staged_unoffered(const Job& job) const {
   return !shared() || !zero_copy_capable(*job.direct) ||
          job.direct->count * job.math.element_size < offer_floor_;
@@ -739,6 +824,12 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     run->sized = true;
   }
   bool more = run->rounds > 0;
+  if (more && run->path == DirectRun::Path::Undecided && lane_op(job))
+    run->path = DirectRun::Path::Lane;
+  if (run->path == DirectRun::Path::Lane) {
+    if (!advance_lane(job, input, run, progressed)) return false;
+    more = false;
+  }
   if (more && run->path == DirectRun::Path::Undecided) {
     if (staged_unoffered(job))
       run->path = DirectRun::Path::Staging;
@@ -1026,6 +1117,23 @@ std::string DirectState::describe(const DirectRun& run) const {
   std::string what;
   if (tickets_done_.load(std::memory_order_acquire) != run.ticket) {
     what = "direct op: this communicator's earlier direct ops to finish";
+  } else if (run.path == DirectRun::Path::Lane) {
+    const uint64_t round = lane_round_ + 1;
+    if (!run.published) {
+      // (Only a round past the first kLanes - 1 waits before publishing.)
+      laggards = ranks_where(nranks_, [&](int q) {
+        return q != rank_ && round >= kLanes && !lane_published(q, round - kLanes + 1);
+      });
+      what = "direct lane round " + std::to_string(round) +
+             ": the peers to take this rank's earlier calls";
+    } else {
+      // Waiting to read: a Broadcast's non-root reads the root, a Reduce's root every rank.
+      const int root = run.lane_root;
+      laggards = ranks_where(nranks_, [&](int q) {
+        return q != rank_ && (root < 0 || q == root) && !lane_published(q, round);
+      });
+      what = "direct lane round " + std::to_string(round) + " with the ranks of this node";
+    }
   } else if (run.path == DirectRun::Path::ZeroCopy) {
     if (run.read)
       laggards = ranks_where(

@@ -10,6 +10,23 @@
 // in that half. Reductions always combine ranks 0, 1, ..., n-1 in that
 // order, so every rank ends with identical bits.
 //
+// Lanes (WEFT_CHECK=off only): a Broadcast or Reduce of at most kLaneBytes
+// runs in one small slot of a ring of kLanes instead, each slot with its own
+// ready word, numbered by the communicator's lane rounds. Every rank
+// publishes each lane round (writers with their input in the slot); a rank
+// waits only for the ranks whose slot it reads (a Broadcast's non-roots for
+// the root, a Reduce's root for every rank), and a rank with nothing to read
+// (the Broadcast root, Reduce's non-roots) returns once it published. Before
+// a rank publishes lane round L (overwriting slot L % kLanes, which held
+// round L - kLanes) it checks that every peer published round L - kLanes + 1,
+// which each did only after finishing round L - kLanes. So a sender runs up
+// to kLanes - 1 calls ahead of its slowest peer, and ranks that share a core
+// take turns in batches of calls instead of once per call
+// (docs/performance.md, "Eager rooted calls"). With mismatch detection on,
+// every call still waits for every peer: a rank that returned before a peer
+// arrived could not fail a mismatched call, which WEFT_CHECK=on promises on
+// every rank.
+//
 // Zero copy: when every rank's input lies in weftMemAlloc memory registered
 // with the communicator (and does not overlap what the rank writes), peers
 // read it in place from the owner's segment, in one step of any size, with
@@ -111,10 +128,11 @@ struct DirectRun {
   bool published = false;  // this round's staging is written, peers' not read yet
   bool more = false;       // this rank needs a round after the current one
   // How the op moves its data; every rank decides alike from the offers.
-  enum class Path : uint8_t { Undecided, Staging, ZeroCopy };
+  enum class Path : uint8_t { Undecided, Staging, ZeroCopy, Lane };
   Path path = Path::Undecided;
   bool offered = false;  // this rank's offer for the op is published
   bool read = false;     // zero copy or CMA: this rank read its peers' inputs
+  int lane_root = -1;    // lane: the only rank whose slot this rank reads (-1: every rank)
   // Every rank's ready word of the job's first round carried this rank's call (its tag):
   // the peers made the same call, so the check at completion can be skipped.
   bool same_call = false;
@@ -215,6 +233,14 @@ class DirectState {
   std::byte* own_staging() const;
   // Whether every rank published `round`; *same_call: each with the call's `tag`.
   bool peers_ready(uint64_t round, uint64_t tag, bool* more, bool* same_call) const;
+  // Lanes. Whether the job runs in one lane round (decided alike on every rank).
+  bool lane_op(const Job& job) const;
+  // Runs the job's lane round: publishes, then waits for the slots it reads, if any.
+  bool advance_lane(const Job& job, const std::byte* input, DirectRun* run, bool* progressed);
+  // Whether rank q published lane round `round` (or a later one in its slot).
+  bool lane_published(int q, uint64_t round) const;
+  // Rank q's slot of lane round `round`.
+  const std::byte* lane_slot(int q, uint64_t round) const;
   // Records the CPU this thread runs on for the peers (shares_cpu_with_peer).
   void note_cpu() const;
   // Wakes the peers that sleep waiting for what this rank just published.
@@ -263,12 +289,17 @@ class DirectState {
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;
   std::vector<std::byte*> stagings_;                   // by rank: its staging (both halves)
+  std::vector<std::byte*> lanes_;                      // by rank: its lane slots
   size_t half_bytes_ = 0;                              // staging_bytes_ / 2
   std::vector<std::atomic<uint64_t>*> announcements_;  // by rank: its first slot
   std::atomic<shm::Doorbell*> bell_{nullptr};
   // Rounds of this communicator completed by its direct ops (all ranks agree;
   // its parity picks the staging half).
   uint64_t round_ = 0;
+  // Lane rounds of this communicator's ops so far (all ranks agree), and the newest lane
+  // round every peer was seen to publish.
+  uint64_t lane_round_ = 0;
+  uint64_t lane_acked_ = 0;
   std::string unavailable_reason_;
   std::atomic<uint64_t> tickets_issued_{0};
   std::atomic<uint64_t> tickets_done_{0};

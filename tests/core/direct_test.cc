@@ -1,8 +1,9 @@
 // The direct (shared-memory) algorithms: every collective they implement at
 // several rank counts, with staging small enough that larger messages take
 // many rounds, in and out of place, checked exactly; bit-identical float
-// results; groups and streams; a killed peer; /dev/shm errors; and no
-// segment left in /dev/shm, whatever happened.
+// results; groups and streams; a killed peer; /dev/shm errors; the lanes of
+// WEFT_CHECK=off (small Broadcasts and Reduces whose senders run ahead); and
+// no segment left in /dev/shm, whatever happened.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -47,12 +48,13 @@ const Combo kCombos[] = {
 
 class DirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
 
-// Counts 0, 1, 7, 1000 and one past the (4 KiB) staging of every dtype.
-TEST_P(DirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
+// Counts 0, 1, 7, 1000 and one past the (4 KiB) staging of every dtype; `check`: WEFT_CHECK
+// (off: small Broadcasts and Reduces take the lanes).
+void run_matrix(int nranks, const char* check) {
   RunOptions options;
-  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}};
+  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_CHECK", check}};
   run_ranks(
-      GetParam(),
+      nranks,
       [](const RankContext& context) {
         weftComm_t world = init_comm(context);
         weftComm_t one_shot = direct_comm(world, context.rank, algo::Algorithm::OneShot);
@@ -88,7 +90,148 @@ TEST_P(DirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
       },
       options);
 }
+
+TEST_P(DirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
+  run_matrix(GetParam(), "on");
+}
 INSTANTIATE_TEST_SUITE_P(Ranks, DirectMatrix, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+class UncheckedDirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
+
+TEST_P(UncheckedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
+  run_matrix(GetParam(), "off");
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UncheckedDirectMatrix, ::testing::Values(2, 3, 4, 5, 8));
+
+// WEFT_CHECK=off: Broadcasts and Reduces small enough for the lanes, whose senders run up
+// to 15 calls ahead, interleaved with calls that take the staging's rounds (larger counts,
+// AllReduce), every root in turn, in and out of place, blocking and on a stream: every
+// result exact.
+class UncheckedLanes : public NoLeftovers, public ::testing::WithParamInterface<int> {};
+
+TEST_P(UncheckedLanes, RootedCallsRunAheadExactly) {
+  RunOptions options;
+  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_CHECK", "off"}};
+  run_ranks(
+      GetParam(),
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const int n = context.nranks, me = context.rank;
+        // 128 int32 fill a lane slot; 129 and 3000 take the staging's rounds.
+        const size_t counts[] = {1, 7, 128, 129, 3000};
+        std::vector<int32_t> in(3000), out(3000);
+        weftStream_t stream = nullptr;
+        ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
+        for (int i = 0; i < 600; ++i) {
+          const size_t count = counts[(i / 7) % 5];
+          const int root = i % n;
+          const bool in_place = i % 3 == 0;
+          weftStream_t on = i % 5 == 4 ? stream : nullptr;
+          auto value = [&](int rank, size_t j) {
+            return static_cast<int32_t>(rank * 1000 + j + i);
+          };
+          for (size_t j = 0; j < count; ++j) in[j] = value(me, j);
+          std::fill(out.begin(), out.end(), -1);
+          int32_t* dst = in_place ? in.data() : out.data();
+          if (i % 2 == 0) {
+            ASSERT_EQ(weftBroadcast(in.data(), dst, count, weftInt32, root, comm, on), weftSuccess)
+                << weftGetLastError(comm);
+            if (on != nullptr) {
+              ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess);
+            }
+            for (size_t j = 0; j < count; ++j)
+              ASSERT_EQ(dst[j], value(root, j)) << "broadcast " << i << " element " << j;
+          } else {
+            ASSERT_EQ(weftReduce(in.data(), dst, count, weftInt32, weftSum, root, comm, on),
+                      weftSuccess)
+                << weftGetLastError(comm);
+            if (on != nullptr) {
+              ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess);
+            }
+            if (me == root)
+              for (size_t j = 0; j < count; ++j) {
+                int32_t sum = 0;
+                for (int q = 0; q < n; ++q) sum += value(q, j);
+                ASSERT_EQ(dst[j], sum) << "reduce " << i << " element " << j;
+              }
+          }
+          if (i % 50 == 49) {
+            int32_t x = me;
+            ASSERT_EQ(weftAllReduce(&x, &x, 1, weftInt32, weftSum, comm, nullptr), weftSuccess);
+            ASSERT_EQ(x, n * (n - 1) / 2);
+          }
+        }
+        // Queued without waiting in between: a stream's lane calls run ahead too.
+        std::vector<std::vector<int32_t>> queued(40, std::vector<int32_t>(8));
+        for (int i = 0; i < 40; ++i) {
+          std::fill(queued[i].begin(), queued[i].end(), me == i % n ? i : -1);
+          ASSERT_EQ(
+              weftBroadcast(queued[i].data(), queued[i].data(), 8, weftInt32, i % n, comm, stream),
+              weftSuccess);
+        }
+        ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+        for (int i = 0; i < 40; ++i) EXPECT_EQ(queued[i], std::vector<int32_t>(8, i)) << i;
+        EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      options);
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, UncheckedLanes, ::testing::Values(2, 3, 4, 5, 8));
+
+// WEFT_CHECK=off: a rank stops taking a root's Broadcasts; the others run ahead as far as
+// their lanes allow, then fail within about a timeout, naming it.
+TEST_F(NoLeftovers, UncheckedLanesStoppedReceiverIsNamed) {
+  int victim_pid[2];
+  ASSERT_EQ(pipe(victim_pid), 0);
+  RunOptions options;
+  options.env = {{"WEFT_CHECK", "off"}};
+  options.expected.assign(3, ExpectedEnd{});
+  options.expected[2].signal = SIGKILL;
+  run_ranks(
+      3,
+      [&victim_pid](const RankContext& context) {
+        const int kTimeoutMs = 2000;
+        weftComm_t world = init_comm(context, kTimeoutMs);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot, kTimeoutMs);
+        int32_t x = context.rank;
+        for (int i = 0; i < 5; ++i)
+          ASSERT_EQ(weftBroadcast(&x, &x, 1, weftInt32, 0, comm, nullptr), weftSuccess);
+        if (context.rank == 2) {
+          pid_t self = getpid();
+          ASSERT_EQ(write(victim_pid[1], &self, sizeof(self)), static_cast<ssize_t>(sizeof(self)));
+          raise(SIGSTOP);  // killed by rank 0 once it has given up
+          return;
+        }
+        weftResult_t result = weftSuccess;
+        int calls = 0;
+        auto start = Clock::now();
+        for (; result == weftSuccess && calls < 1000; ++calls)
+          result = weftBroadcast(&x, &x, 1, weftInt32, 0, comm, nullptr);
+        const std::string error = weftGetLastError(comm);
+        EXPECT_TRUE(result == weftTimeout || result == weftRemoteError) << error;
+        EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(),
+                  kTimeoutMs / 1000.0 + 2)
+            << error;
+        EXPECT_NE(error.find("timed out"), std::string::npos) << error;
+        EXPECT_NE(error.find("rank 2 (direct lane round"), std::string::npos) << error;
+        // Rank 2 took 5 lane rounds: the others publish up to round 20 (16 lanes), so each
+        // completes at most 15 more calls.
+        EXPECT_LE(calls, 16) << error;
+        if (context.rank == 0) {
+          pid_t victim = 0;
+          ASSERT_EQ(read(victim_pid[0], &victim, sizeof(victim)),
+                    static_cast<ssize_t>(sizeof(victim)));
+          kill(victim, SIGKILL);
+        }
+        EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+        EXPECT_EQ(weftCommAbort(world), weftSuccess);
+      },
+      options);
+  close(victim_pid[0]);
+  close(victim_pid[1]);
+}
 
 // Random floats (where the reduction order changes the bits): every rank of
 // one-shot and two-shot holds the same bits, and both equal a reduction in
