@@ -26,13 +26,12 @@ constexpr size_t kLine = 64;
 // which pins the peer's pages one by one, copied 4-8 times slower than memcpy.
 constexpr uint64_t kMinStagingBytes = 4096;
 constexpr size_t kControlBytes = 512;  // keeps the staging well aligned
-// Announcements (mismatch detection) follow the control block: the last kAnnounced
-// collectives this rank launched, slot sequence % kAnnounced. A slot's words: sequence + 1
+// Announcements (mismatch detection) follow the control block: the last announced_slots()
+// collectives this rank launched, slot sequence % that. A slot's words: sequence + 1
 // once the call's words are written (0 while they change: a reader that sees the same
 // value before and after reading them has a consistent call), the count, the packed shape,
 // sequence + 1 once the next word holds the input's hash (WEFT_CHECK=full), then for
 // AllToAllv the rank's send counts and receive counts, nranks each.
-constexpr uint64_t kAnnounced = 8;
 constexpr size_t kSlotSequence = 0, kSlotCount = 1, kSlotShape = 2, kSlotHashed = 3, kSlotHash = 4,
                  kSlotCounts = 5;
 // A ready word's layout: the round above kRoundShift, the call's tag below it (bits 1 to 23,
@@ -58,10 +57,22 @@ size_t slot_words(int nranks) {
   return round_up(kSlotCounts + 2 * static_cast<size_t>(nranks), kLine / sizeof(uint64_t));
 }
 
+// Announcement slots per rank: as many as fit 16 KiB, a power of two (the slot is a mask of
+// the sequence on the call's path), from 8 to 64. A rank whose streams run that many calls
+// ahead of a peer (GPU calls return at enqueue) overwrites announcements the peer has not
+// compared yet; small communicators, where that is cheap to avoid, keep 64.
+size_t announced_slots(int nranks) {
+  const size_t fit = (size_t{16} << 10) / (slot_words(nranks) * sizeof(uint64_t));
+  size_t slots = 8;
+  while (slots < 64 && 2 * slots <= fit) slots *= 2;
+  return slots;
+}
+
 // Where the lane slots start in each rank's segment: after the control block and the
 // announcements.
 size_t lanes_offset(int nranks) {
-  return round_up(kControlBytes + kAnnounced * slot_words(nranks) * sizeof(uint64_t), kLine);
+  return round_up(kControlBytes + announced_slots(nranks) * slot_words(nranks) * sizeof(uint64_t),
+                  kLine);
 }
 
 // What precedes the staging in each rank's segment: the control block, the announcements
@@ -274,6 +285,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
   WEFT_RETURN_IF_ERROR(read_check_mode(&check_));
   header_bytes_ = header_bytes(nranks);
   slot_words_ = slot_words(nranks);
+  announced_mask_ = announced_slots(nranks) - 1;
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
   cma_bytes_ = env_value("WEFT_SHM_CMA_BYTES");
   if (nranks > 1 && !same_node) {
@@ -305,7 +317,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
     if (created.ok()) {
       new (segments[rank].data()) Control();
       auto* words = reinterpret_cast<std::atomic<uint64_t>*>(segments[rank].data() + kControlBytes);
-      for (size_t i = 0; i < kAnnounced * slot_words_; ++i)
+      for (size_t i = 0; i < (announced_mask_ + 1) * slot_words_; ++i)
         new (&words[i]) std::atomic<uint64_t>(0);
     }
     // Each name travels with its segment's size: ranks may have sized theirs
@@ -491,7 +503,7 @@ std::string describe_call(const CallShape& call) {
 }
 
 inline std::atomic<uint64_t>* DirectState::announcement(int rank, uint64_t sequence) const {
-  return announcements_[rank] + (sequence % kAnnounced) * slot_words_;
+  return announcements_[rank] + (sequence & announced_mask_) * slot_words_;
 }
 
 void DirectState::announce(Job& job) {
@@ -560,7 +572,7 @@ inline bool DirectState::announced_call(int rank, uint64_t sequence, uint64_t* c
 bool DirectState::agrees(uint64_t sequence, uint64_t count, uint64_t shape) const {
   if ((shape & 0xff) == kAllToAllvShape) return false;
   // In locals: read_call's acquire loads would make the compiler reload members each turn.
-  const size_t offset = (sequence % kAnnounced) * slot_words_;
+  const size_t offset = (sequence & announced_mask_) * slot_words_;
   std::atomic<uint64_t>* const* slots = announcements_.data();
   const int n = nranks_, me = rank_;
   uint64_t theirs_count = 0, theirs_shape = 0;

@@ -283,8 +283,9 @@ class DirectState {
   int rank_ = 0;
   int nranks_ = 0;
   CheckMode check_ = CheckMode::On;
-  size_t header_bytes_ = 0;  // the control block and the announcements, before the staging
-  size_t slot_words_ = 0;    // words per announcement slot
+  size_t header_bytes_ = 0;      // the control block and the announcements, before the staging
+  size_t slot_words_ = 0;        // words per announcement slot
+  uint64_t announced_mask_ = 7;  // announcement slots - 1 (a power of two): sequence's slot
   size_t staging_bytes_ = 0;
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;

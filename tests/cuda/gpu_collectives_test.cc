@@ -533,5 +533,64 @@ TEST_F(GpuErrors, MismatchedCallsAreNamedOnEveryRank) {
   }
 }
 
+// GPU calls return at enqueue, so a rank can run many calls ahead of a slow peer: rank 0
+// enqueues 20 AllReduces of 1000 floats on its stream before rank 1 (told through a pipe, not
+// by time) calls its first with 2000. Rank 0's announcement of that sequence must still be
+// there to compare (a ring of 8 had overwritten it twice): both ranks fail naming both calls
+// instead of waiting for the timeout.
+TEST_F(GpuErrors, AMismatchIsFoundWhenARankRunsTwentyCallsAhead) {
+  int ahead[2];
+  ASSERT_EQ(pipe(ahead), 0);
+  RunOptions options;
+  options.timeout_s = 60;
+  run_ranks(
+      2,
+      [&ahead](const RankContext& context) {
+        std::string why;
+        const tools::CudaDriver* d = use_gpu(0, &why);
+        ASSERT_NE(d, nullptr) << why;
+        weftComm_t comm = gpu_comm(2, context.id, context.rank, 60000);
+        ASSERT_NE(comm, nullptr);
+        unsigned long long device = 0;
+        ASSERT_EQ(d->mem_alloc(&device, 1 << 16), 0);
+        void* b = reinterpret_cast<void*>(device);
+        void* cuda_stream = nullptr;
+        ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
+        weftStream_t stream = nullptr;
+        ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+        const auto start = std::chrono::steady_clock::now();
+        weftResult_t launched = weftSuccess;
+        if (context.rank == 0) {
+          for (int i = 0; i < 20 && launched == weftSuccess; ++i)
+            launched = weftAllReduce(b, b, 1000, weftFloat32, weftSum, comm, stream);
+          const char go = 1;
+          ASSERT_EQ(write(ahead[1], &go, 1), 1);
+        } else {
+          char go = 0;
+          ASSERT_EQ(read(ahead[0], &go, 1), 1);
+          launched = weftAllReduce(b, b, 2000, weftFloat32, weftSum, comm, stream);
+        }
+        EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess);  // drained, not hung
+        weftResult_t async = weftSuccess;
+        while (async == weftSuccess && seconds_since(start) < 10) {
+          ASSERT_EQ(weftCommGetAsyncError(comm, &async), weftSuccess);
+          std::this_thread::yield();
+        }
+        EXPECT_NE(async, weftSuccess) << "rank " << context.rank;
+        EXPECT_LT(seconds_since(start), 10) << "the error came from a timeout";
+        if (launched == weftSuccess) {
+          EXPECT_NE(weftAllReduce(b, b, 1000, weftFloat32, weftSum, comm, stream), weftSuccess);
+        }
+        const std::string message = weftGetLastError(comm);
+        EXPECT_NE(message.find("allreduce(count=1000, float, sum)"), std::string::npos) << message;
+        EXPECT_NE(message.find("allreduce(count=2000, float, sum)"), std::string::npos) << message;
+        EXPECT_NE(message.find("sequence 0"), std::string::npos) << message;
+        EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+        weftCommAbort(comm);
+        d->mem_free(device);
+      },
+      options);
+}
+
 }  // namespace
 }  // namespace weft::testing
