@@ -447,6 +447,59 @@ TEST_F(GpuErrors, AStalledRankIsAnErrorOnTheOthersWithinTheTimeout) {
       options);
 }
 
+// One rank of a mismatch test: a GPU communicator with a long timeout (its error must come
+// from the check, not from a stall), 64 KiB of device memory and a stream of its own.
+struct MismatchRank {
+  const tools::CudaDriver* d = nullptr;
+  weftComm_t comm = nullptr;
+  unsigned long long device = 0;
+  void* buffer = nullptr;
+  weftStream_t stream = nullptr;
+};
+
+void open_rank(const RankContext& context, MismatchRank* r) {
+  std::string why;
+  r->d = use_gpu(0, &why);
+  ASSERT_NE(r->d, nullptr) << why;
+  r->comm = gpu_comm(context.nranks, context.id, context.rank, 60000);
+  ASSERT_NE(r->comm, nullptr);
+  ASSERT_EQ(r->d->mem_alloc(&r->device, 1 << 16), 0);
+  r->buffer = reinterpret_cast<void*>(r->device);
+  void* cuda_stream = nullptr;
+  ASSERT_EQ(r->d->stream_create(&cuda_stream, 1), 0);
+  ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &r->stream), weftSuccess);
+}
+
+void close_rank(MismatchRank& r) {
+  EXPECT_EQ(weftStreamDestroy(r.stream), weftSuccess);
+  weftCommAbort(r.comm);
+  r.d->mem_free(r.device);
+}
+
+// After a rank launched its part of a mismatched call (`launched`, at `start`): its stream
+// drains instead of hanging and the communicator fails within seconds, not at the timeout (a
+// rank whose part could finish alone, a Broadcast's root, learns of the verdict moments
+// later). The rank that found the mismatch has it from its call (weftInvalidUsage), a rank
+// that launched after the verdict too (the verdict's code), the others from `next`. Returns
+// the error message.
+std::string verdict(MismatchRank& r, weftResult_t launched,
+                    std::chrono::steady_clock::time_point start,
+                    const std::function<weftResult_t()>& next) {
+  EXPECT_EQ(weftStreamSynchronize(r.stream), weftSuccess);
+  weftResult_t async = weftSuccess;
+  while (async == weftSuccess && seconds_since(start) < 10) {
+    EXPECT_EQ(weftCommGetAsyncError(r.comm, &async), weftSuccess);
+    std::this_thread::yield();
+  }
+  EXPECT_NE(async, weftSuccess);
+  EXPECT_LT(seconds_since(start), 10) << "the error came from a timeout";
+  if (launched != weftSuccess)
+    EXPECT_TRUE(launched == weftInvalidUsage || launched == async);
+  else
+    EXPECT_EQ(next(), async);
+  return weftGetLastError(r.comm);
+}
+
 // Mismatched calls on a GPU communicator (WEFT_CHECK=on, the default): whichever rank launches
 // later finds the others' announcements and fails every rank, naming both calls, where the
 // streams would otherwise wait for chunks that never come (count, collective, root) or move the
@@ -487,47 +540,21 @@ TEST_F(GpuErrors, MismatchedCallsAreNamedOnEveryRank) {
     run_ranks(
         3,
         [&](const RankContext& context) {
-          std::string why;
-          const tools::CudaDriver* d = use_gpu(0, &why);
-          ASSERT_NE(d, nullptr) << why;
-          // A long timeout: the error must come from the check, not from a stall.
-          weftComm_t comm = gpu_comm(3, context.id, context.rank, 60000);
-          ASSERT_NE(comm, nullptr);
-          unsigned long long device = 0;
-          ASSERT_EQ(d->mem_alloc(&device, 1 << 16), 0);
-          void* buffer = reinterpret_cast<void*>(device);
-          void* cuda_stream = nullptr;
-          ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
-          weftStream_t stream = nullptr;
-          ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
-          ASSERT_EQ(c.usual(buffer, comm, stream), weftSuccess) << weftGetLastError(comm);
-          ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+          MismatchRank r;
+          open_rank(context, &r);
+          if (::testing::Test::HasFatalFailure()) return;
+          auto usual = [&] { return c.usual(r.buffer, r.comm, r.stream); };
+          ASSERT_EQ(usual(), weftSuccess) << weftGetLastError(r.comm);
+          ASSERT_EQ(weftStreamSynchronize(r.stream), weftSuccess) << weftGetLastError(r.comm);
           const auto start = std::chrono::steady_clock::now();
-          const weftResult_t launched = (context.rank == 1 ? c.odd : c.usual)(buffer, comm, stream);
-          EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess);  // drained, not hung
-          // A rank whose part could finish alone (the Broadcast's root) learns of the verdict
-          // moments later: wait for it, well inside the timeout.
-          weftResult_t async = weftSuccess;
-          while (async == weftSuccess && seconds_since(start) < 10) {
-            ASSERT_EQ(weftCommGetAsyncError(comm, &async), weftSuccess);
-            std::this_thread::yield();
-          }
-          EXPECT_NE(async, weftSuccess) << c.name << ": rank " << context.rank;
-          EXPECT_LT(seconds_since(start), 10) << c.name << ": the error came from a timeout";
-          // The rank that found the mismatch has it from its call (weftInvalidUsage), a rank that
-          // launched after the verdict too (the verdict's code), the others from their next.
-          if (launched != weftSuccess)
-            EXPECT_TRUE(launched == weftInvalidUsage || launched == async) << c.name;
-          else
-            EXPECT_EQ(c.usual(buffer, comm, stream), async) << c.name;
-          const std::string message = weftGetLastError(comm);
+          const weftResult_t launched =
+              context.rank == 1 ? c.odd(r.buffer, r.comm, r.stream) : usual();
+          const std::string message = verdict(r, launched, start, usual);
           EXPECT_NE(message.find("mismatched collectives"), std::string::npos) << message;
           EXPECT_NE(message.find(c.usual_says), std::string::npos) << c.name << ": " << message;
           EXPECT_NE(message.find(c.odd_says), std::string::npos) << c.name << ": " << message;
           EXPECT_NE(message.find("sequence 1"), std::string::npos) << c.name << ": " << message;
-          EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
-          weftCommAbort(comm);
-          d->mem_free(device);
+          close_rank(r);
         },
         options);
   }
@@ -546,48 +573,28 @@ TEST_F(GpuErrors, AMismatchIsFoundWhenARankRunsTwentyCallsAhead) {
   run_ranks(
       2,
       [&ahead](const RankContext& context) {
-        std::string why;
-        const tools::CudaDriver* d = use_gpu(0, &why);
-        ASSERT_NE(d, nullptr) << why;
-        weftComm_t comm = gpu_comm(2, context.id, context.rank, 60000);
-        ASSERT_NE(comm, nullptr);
-        unsigned long long device = 0;
-        ASSERT_EQ(d->mem_alloc(&device, 1 << 16), 0);
-        void* b = reinterpret_cast<void*>(device);
-        void* cuda_stream = nullptr;
-        ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
-        weftStream_t stream = nullptr;
-        ASSERT_EQ(weftStreamCreateFromCuda(cuda_stream, &stream), weftSuccess);
+        MismatchRank r;
+        open_rank(context, &r);
+        if (::testing::Test::HasFatalFailure()) return;
+        auto all_reduce = [&](size_t count) {
+          return weftAllReduce(r.buffer, r.buffer, count, weftFloat32, weftSum, r.comm, r.stream);
+        };
         const auto start = std::chrono::steady_clock::now();
         weftResult_t launched = weftSuccess;
         if (context.rank == 0) {
-          for (int i = 0; i < 20 && launched == weftSuccess; ++i)
-            launched = weftAllReduce(b, b, 1000, weftFloat32, weftSum, comm, stream);
+          for (int i = 0; i < 20 && launched == weftSuccess; ++i) launched = all_reduce(1000);
           const char go = 1;
           ASSERT_EQ(write(ahead[1], &go, 1), 1);
         } else {
           char go = 0;
           ASSERT_EQ(read(ahead[0], &go, 1), 1);
-          launched = weftAllReduce(b, b, 2000, weftFloat32, weftSum, comm, stream);
+          launched = all_reduce(2000);
         }
-        EXPECT_EQ(weftStreamSynchronize(stream), weftSuccess);  // drained, not hung
-        weftResult_t async = weftSuccess;
-        while (async == weftSuccess && seconds_since(start) < 10) {
-          ASSERT_EQ(weftCommGetAsyncError(comm, &async), weftSuccess);
-          std::this_thread::yield();
-        }
-        EXPECT_NE(async, weftSuccess) << "rank " << context.rank;
-        EXPECT_LT(seconds_since(start), 10) << "the error came from a timeout";
-        if (launched == weftSuccess) {
-          EXPECT_NE(weftAllReduce(b, b, 1000, weftFloat32, weftSum, comm, stream), weftSuccess);
-        }
-        const std::string message = weftGetLastError(comm);
+        const std::string message = verdict(r, launched, start, [&] { return all_reduce(1000); });
         EXPECT_NE(message.find("allreduce(count=1000, float, sum)"), std::string::npos) << message;
         EXPECT_NE(message.find("allreduce(count=2000, float, sum)"), std::string::npos) << message;
         EXPECT_NE(message.find("sequence 0"), std::string::npos) << message;
-        EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
-        weftCommAbort(comm);
-        d->mem_free(device);
+        close_rank(r);
       },
       options);
 }
