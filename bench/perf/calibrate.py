@@ -4,10 +4,11 @@
   calibrate.py measure BUILD [-o FILE] [--repeats R]
       measures the model's inputs with weft-perf and writes them as a
       WEFT_TUNER_FILE (lib/core/calibration.h): per-call overhead and copy
-      throughput (1 rank), UCX latency and bandwidth (2-rank sendrecv), the
-      direct path's synchronisation and throughput (2-rank one-shot
-      AllReduce), the cores and the slice latency of oversubscribed ranks
-      (sendrecv on twice as many ranks as cores).
+      throughput from memory and from the cache (1 rank), UCX latency and
+      bandwidth (2-rank sendrecv), the direct path's synchronisation and
+      throughput (2-rank one-shot AllReduce), the cores and the slice
+      latencies and UCX throughput of oversubscribed ranks (sendrecv and
+      one-shot AllReduce on twice as many ranks as cores).
   calibrate.py table BUILD [--tuner-file FILE] [--ranks 1,2,4,8] [--repeats R]
       prints measured/predicted (weft-perf's own "predicted" figure) for
       AllReduce, AllGather, ReduceScatter, Broadcast and AllToAll at every
@@ -75,40 +76,70 @@ def load():
     return "load average %.2f %.2f %.2f" % os.getloadavg()
 
 
+def cache_tier(points, memory_bw, what):
+    """(cache_bytes, cache GB/s) of a copy curve {size: time}: the slope from
+    16 KiB to 256 KiB (in cache) and, at each size from 512 KiB to 2 MiB, the
+    bytes that must have run at that speed for the rest at `memory_bw` to
+    explain the time (lib/core/calibration.h); the median of those."""
+    cache_bw = bandwidth([(s, t) for s, t in points.items() if 16 << 10 <= s <= 256 << 10], 1,
+                         what + " in cache")
+    if cache_bw is None or memory_bw is None or cache_bw <= memory_bw:
+        return None, None
+    base = points[min(points)]
+    fits = [(t - base - s / (memory_bw * 1e3)) / (1 / (cache_bw * 1e3) - 1 / (memory_bw * 1e3))
+            for s, t in points.items() if 512 << 10 <= s <= 2 << 20]
+    cache_bytes = min(max(statistics.median(fits), 0.0), float(max(points)))
+    return cache_bytes, cache_bw
+
+
 def measure(args):
     r = args.repeats
     run = lambda *a, **k: fastest([perf(args.build, *a, **k) for _ in range(r)])
+    times = lambda rows: {s: v[0] for s, v in rows.items()}
+    out_of_cache = lambda rows: [(s, v[0]) for s, v in rows.items() if s >= 4 << 20]
     memory_overhead = 0.2  # per Reduce/Copy step: not separable from the call here
     print("# " + load(), file=sys.stderr)
-    # One rank: an AllReduce is one call plus one copy.
-    one = run(1, "allreduce", 8, 4 << 20, 2)
+    # One rank: an AllReduce is one call plus one copy; from cache up to
+    # about the L2's size, from memory beyond.
+    one = run(1, "allreduce", 8, 16 << 20, 2)
     call = max(0.0, one[8][0] - memory_overhead)
-    memory_bw = bandwidth([(s, v[0]) for s, v in one.items() if s >= 64 << 10], 1, "copy")
+    memory_bw = bandwidth(out_of_cache(one), 1, "copy")
+    cache_bytes, cache_bw = cache_tier(times(one), memory_bw, "copy")
     # Two ranks, UCX: one message each way per call.
-    sr = run(2, "sendrecv", 8, 4 << 20, 2)
+    sr = run(2, "sendrecv", 8, 16 << 20, 2)
     small = [v[0] for s, v in sr.items() if s <= 4096]
     link_latency = max(0.05, statistics.median(small) - call)
-    link_bw = bandwidth([(s, v[0]) for s, v in sr.items() if s >= 64 << 10], 1, "UCX")
+    link_bw = bandwidth(out_of_cache(sr), 1, "UCX")
     # Two ranks, direct one-shot: staging copy, one synchronisation, one read.
-    direct = run(2, "allreduce", 8, 4 << 20, 2, env={"WEFT_ALGO": "allreduce:oneshot"})
+    direct = run(2, "allreduce", 8, 16 << 20, 2, env={"WEFT_ALGO": "allreduce:oneshot"})
     direct_latency = max(0.05, direct[8][0] - memory_overhead)
-    direct_bw = bandwidth([(s, v[0]) for s, v in direct.items() if s >= 64 << 10], 2, "direct")
+    direct_bw = bandwidth(out_of_cache(direct), 2, "direct")
     # Twice as many ranks as cores: every rank gets half the time; what a
-    # message costs beyond that is the wait for the receiver's time slice.
+    # message or a direct synchronisation costs beyond that is the wait for
+    # a peer's time slice.
     cores = os.cpu_count() or 1
     share = 2.0
     over = run(2 * cores, "sendrecv", 8, 4096, 8)
     slices = [(v[0] - share * (call + s / ((link_bw or 6) * 1e3)) - link_latency) / (share - 1)
               for s, v in over.items()]
     slice_latency = max(0.0, statistics.median(slices))
+    sliced_link_bw = bandwidth(out_of_cache(run(2 * cores, "sendrecv", 4 << 20, 16 << 20, 2)), 1,
+                               "UCX, time-sliced")
+    over_direct = run(2 * cores, "allreduce", 8, 4096, 8, env={"WEFT_ALGO": "allreduce:oneshot"})
+    direct_slices = [(v[0] - memory_overhead - direct_latency) / (share - 1)
+                     for v in over_direct.values()]
+    direct_slice_latency = max(0.0, statistics.median(direct_slices))
     print("# " + load(), file=sys.stderr)
     text = ("# weft cost-model calibration (bench/perf/calibrate.py measure, %d repeats)\n"
             "# %s\n" % (r, load()))
     for key, value in [("call_us", call), ("memory_overhead_us", memory_overhead),
-                       ("memory_bandwidth_gb_s", memory_bw), ("link_latency_us", link_latency),
+                       ("memory_bandwidth_gb_s", memory_bw), ("cache_bytes", cache_bytes),
+                       ("cache_bandwidth_gb_s", cache_bw), ("link_latency_us", link_latency),
                        ("link_bandwidth_gb_s", link_bw), ("direct_latency_us", direct_latency),
                        ("direct_bandwidth_gb_s", direct_bw), ("cores", cores),
-                       ("slice_latency_us", slice_latency)]:
+                       ("slice_latency_us", slice_latency),
+                       ("direct_slice_latency_us", direct_slice_latency),
+                       ("sliced_link_bandwidth_gb_s", sliced_link_bw)]:
         if value is not None:  # None: not measurable now, the default stays
             text += "%s %.4g\n" % (key, value)
     if args.output:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -25,12 +26,17 @@ double* field_of(Calibration* c, std::string_view key, bool* zero_ok) {
   if (key == "direct_latency_us") return *zero_ok = true, &c->direct.latency_us;
   if (key == "direct_bandwidth_gb_s") return &c->direct.bandwidth_gb_s;
   if (key == "slice_latency_us") return *zero_ok = true, &c->slice_latency_us;
+  if (key == "direct_slice_latency_us") return *zero_ok = true, &c->direct_slice_latency_us;
+  if (key == "sliced_link_bandwidth_gb_s") return *zero_ok = true, &c->sliced_link_bandwidth_gb_s;
+  if (key == "cache_bytes") return *zero_ok = true, &c->cache_bytes;
+  if (key == "cache_bandwidth_gb_s") return *zero_ok = true, &c->cache_bandwidth_gb_s;
   return nullptr;
 }
 
 constexpr const char* kKeys =
     "call_us, link_latency_us, link_bandwidth_gb_s, memory_overhead_us, memory_bandwidth_gb_s, "
-    "direct_latency_us, direct_bandwidth_gb_s, cores, slice_latency_us";
+    "direct_latency_us, direct_bandwidth_gb_s, cores, slice_latency_us, "
+    "direct_slice_latency_us, sliced_link_bandwidth_gb_s, cache_bytes, cache_bandwidth_gb_s";
 
 }  // namespace
 
@@ -38,9 +44,25 @@ double Calibration::share(int ranks_per_node, int cores) {
   return cores > 0 && ranks_per_node > cores ? static_cast<double>(ranks_per_node) / cores : 1.0;
 }
 
-algo::LinkTime Calibration::sliced(algo::LinkTime time, double share) const {
+algo::LinkTime Calibration::sliced(algo::LinkTime time, double share, double slice_us) {
   if (share <= 1) return time;
-  return {time.latency_us + slice_latency_us * (share - 1), time.bandwidth_gb_s / share};
+  return {time.latency_us + slice_us * (share - 1), time.bandwidth_gb_s / share};
+}
+
+double Calibration::sliced_link_bandwidth(double bandwidth_gb_s, double share, double at_two) {
+  if (share <= 1) return bandwidth_gb_s;
+  if (at_two <= 0) return bandwidth_gb_s / share;
+  const double exponent = std::log2(bandwidth_gb_s / at_two);
+  return bandwidth_gb_s / std::pow(share, exponent);
+}
+
+double Calibration::cache_speedup(double bytes, double cache_bytes, double cache_gb_s,
+                                  double memory_gb_s) {
+  if (cache_bytes <= 0 || cache_gb_s <= memory_gb_s || bytes <= 0) return 1;
+  // The call's first cache_bytes at the cache's throughput, the rest at memory's.
+  const double cached = std::min(bytes, cache_bytes);
+  const double seconds_per_gb = cached / cache_gb_s + (bytes - cached) / memory_gb_s;
+  return bytes / seconds_per_gb / memory_gb_s;
 }
 
 Status parse_calibration(std::string_view text, const std::string& source, Calibration* out) {

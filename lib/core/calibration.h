@@ -31,18 +31,42 @@ struct Calibration {
   algo::LinkTime memory{0.2, 12.0};
   // Direct algorithms: one synchronisation, staging throughput.
   algo::LinkTime direct{0.15, 25};
+  // Calls whose larger buffer per rank is up to cache_bytes run their copies
+  // (memory, direct, and the node's links) from the cache at
+  // cache_bandwidth_gb_s instead of memory_bandwidth; a larger call's first
+  // cache_bytes still do (cached_share). 0: one throughput for every size.
+  double cache_bytes = 0;
+  double cache_bandwidth_gb_s = 0;
   // Cores the ranks of one node share; 0: the processors online.
   int cores = 0;
   // Oversubscribed (ranks per node > cores): the ranks time-share the cores,
-  // so every throughput divides by s = ranks / cores, and each message and
-  // synchronisation waits for its receiver's next time slice, about
-  // slice_latency_us * (s - 1) more.
+  // so every throughput divides by s = ranks / cores, and each message waits
+  // for its receiver's next time slice, about slice_latency_us * (s - 1)
+  // more. A direct synchronisation waits less (direct_slice_latency_us): its
+  // waiters yield the core at once, where a message first needs the
+  // receiver's progress engine to run.
   double slice_latency_us = 0;
+  double direct_slice_latency_us = 0;
+  // A link's throughput per rank measured with twice as many ranks as cores
+  // (s = 2); 0: link_bandwidth / s. Messages lose more than their share of
+  // the cores: a rank waiting for one spins on a core its peer needs.
+  // Other s follow the same power of s (sliced_link_bandwidth).
+  double sliced_link_bandwidth_gb_s = 0;
 
   // s for `ranks_per_node` ranks on `cores` cores (at least 1).
   static double share(int ranks_per_node, int cores);
-  // A link or local-memory cost seen by time-sliced ranks.
-  algo::LinkTime sliced(algo::LinkTime time, double share) const;
+  // A cost seen by time-sliced ranks: throughput / s, and `slice_us` * (s - 1)
+  // more latency (0 for local work, which waits for nobody).
+  static algo::LinkTime sliced(algo::LinkTime time, double share, double slice_us);
+  // A node link's throughput at share s, given its throughput at s = 2
+  // (`at_two`, 0: unknown, bandwidth / s): bandwidth / s^k with k such that
+  // s = 2 gives at_two.
+  static double sliced_link_bandwidth(double bandwidth_gb_s, double share, double at_two);
+  // Throughput of copies in a call whose larger buffer per rank is `bytes`,
+  // over memory_bandwidth: 1 without a cache tier, up to
+  // cache_bandwidth / memory_bandwidth for calls that fit.
+  static double cache_speedup(double bytes, double cache_bytes, double cache_gb_s,
+                              double memory_gb_s);
 };
 
 // Parses the calibration file format above into *out (keys not given keep

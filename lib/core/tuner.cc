@@ -38,6 +38,10 @@ std::string valid_collectives() {
   return names;
 }
 
+// The link classes between ranks of one node, which the machine's calibration times.
+constexpr topo::LinkClass kNodeLinks[] = {topo::LinkClass::SameNuma, topo::LinkClass::SameSocket,
+                                          topo::LinkClass::CrossSocket};
+
 // Chunk sizes tried for pipelined schedules: big enough to amortise a
 // message's latency, small enough that several are in flight.
 constexpr uint64_t kChunkCandidates[] = {128 << 10, 512 << 10, 2 << 20};
@@ -176,10 +180,10 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
   context.memory = machine.memory;
   context.direct = machine.direct;
   context.call_us = machine.call_us;
+  context.cache_bytes = machine.cache_bytes;
+  context.cache_bandwidth_gb_s = machine.cache_bandwidth_gb_s;
   if (!topology.injected) {
-    for (topo::LinkClass link :
-         {topo::LinkClass::SameNuma, topo::LinkClass::SameSocket, topo::LinkClass::CrossSocket})
-      context.links[static_cast<int>(link)] = machine.link;
+    for (topo::LinkClass link : kNodeLinks) context.links[static_cast<int>(link)] = machine.link;
     // Every rank sees the same places, so all compute the same share.
     std::map<uint64_t, int> per_node;
     int busiest = 0;
@@ -189,6 +193,9 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
         machine.cores > 0 ? machine.cores : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     context.share = Calibration::share(busiest, cores);
     context.slice_latency_us = machine.slice_latency_us;
+    context.direct_slice_latency_us = machine.direct_slice_latency_us;
+    context.sliced_link_bandwidth_gb_s = machine.sliced_link_bandwidth_gb_s;
+    context.cached_links = true;
   }
   context.pair_class.resize(static_cast<size_t>(n) * n);
   for (int a = 0; a < n; ++a)
@@ -219,17 +226,22 @@ TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory) {
 
 Tuner::Tuner(TuneContext context) : context_(std::move(context)) {
   network_.nranks = context_.nranks;
-  Calibration slicing;
-  slicing.slice_latency_us = context_.slice_latency_us;
-  const auto sliced = [&](algo::LinkTime time) { return slicing.sliced(time, context_.share); };
+  const double share = context_.share;
   for (const topo::LinkCost& cost : context_.links)
-    network_.classes.push_back(sliced({cost.latency_us, cost.bandwidth_gb_s}));
+    network_.classes.push_back(Calibration::sliced({cost.latency_us, cost.bandwidth_gb_s}, share,
+                                                   context_.slice_latency_us));
+  if (context_.cached_links && share > 1)
+    for (topo::LinkClass link : kNodeLinks) {
+      const topo::LinkCost& cost = context_.links[static_cast<int>(link)];
+      network_.classes[static_cast<int>(link)].bandwidth_gb_s = Calibration::sliced_link_bandwidth(
+          cost.bandwidth_gb_s, share, context_.sliced_link_bandwidth_gb_s);
+    }
   network_.pair_class = context_.pair_class;
   if (network_.pair_class.empty())
     network_.pair_class.assign(static_cast<size_t>(context_.nranks) * context_.nranks,
                                static_cast<uint8_t>(topo::LinkClass::SameNuma));
-  network_.memory = sliced(context_.memory);
-  network_.direct = sliced(context_.direct);
+  network_.memory = Calibration::sliced(context_.memory, share, 0);
+  network_.direct = Calibration::sliced(context_.direct, share, context_.direct_slice_latency_us);
   network_.max_steps = context_.max_model_steps;
 }
 
@@ -247,6 +259,14 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
   return predict_us(collective, algorithm, chunk_bytes, bytes, network_);
 }
 
+double Tuner::cache_speedup(algo::Collective collective, uint64_t bytes) const {
+  const int n = context_.nranks;
+  const uint64_t largest = std::max(algo::input_count(collective, n, true, bytes),
+                                    algo::output_count(collective, n, true, bytes));
+  return Calibration::cache_speedup(static_cast<double>(largest), context_.cache_bytes,
+                                    context_.cache_bandwidth_gb_s, context_.memory.bandwidth_gb_s);
+}
+
 double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
                          uint64_t chunk_bytes, uint64_t bytes,
                          const algo::CostNetwork& network) const {
@@ -255,7 +275,17 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
   params.chunk = chunk_bytes;
   algo::CostResult result;
   std::string error;
-  if (!algo::predict(params, 1, network, &result, &error)) return -1;
+  const double speedup = cache_speedup(collective, bytes);
+  algo::CostNetwork faster;
+  if (speedup != 1) {
+    faster = network;
+    faster.memory.bandwidth_gb_s *= speedup;
+    faster.direct.bandwidth_gb_s *= speedup;
+    if (context_.cached_links)
+      for (topo::LinkClass link : kNodeLinks)
+        faster.classes[static_cast<int>(link)].bandwidth_gb_s *= speedup;
+  }
+  if (!algo::predict(params, 1, speedup != 1 ? faster : network, &result, &error)) return -1;
   // The host-side cost of a call, time-sliced like the rest of the rank's work.
   return result.time_us + (algo::is_direct(algorithm) ? 0 : context_.call_us * context_.share);
 }

@@ -56,9 +56,16 @@ struct TuneContext {
   algo::LinkTime direct = Calibration().direct;  // direct algorithms (shared memory)
   double call_us = 0;                            // added to every scheduled prediction
   // Ranks per core on the busiest node when they outnumber its cores (1:
-  // not oversubscribed) and the slice latency (Calibration::sliced).
+  // not oversubscribed) and the slice latencies (Calibration::sliced).
   double share = 1;
   double slice_latency_us = 0;
+  double direct_slice_latency_us = 0;
+  double sliced_link_bandwidth_gb_s = 0;  // the node's links at s = 2 (0: bandwidth / s)
+  // The cache tier (Calibration::cache_speedup): memory, direct and, when
+  // cached_links, the node's link classes (copies through shared memory).
+  double cache_bytes = 0;
+  double cache_bandwidth_gb_s = 0;
+  bool cached_links = false;
   bool shared_memory = false;  // all ranks on one real node sharing memory: direct algorithms
   AlgorithmOverrides overrides;
   uint64_t max_model_steps = uint64_t{1} << 20;  // larger schedules are not timed
@@ -132,6 +139,8 @@ class Tuner {
   double predict_us(algo::Collective collective, algo::Algorithm algorithm, uint64_t chunk_bytes,
                     uint64_t bytes, const algo::CostNetwork& network) const;
   algo::Params model_params(algo::Collective collective, uint64_t bytes) const;
+  // How much faster copies run in a call of `bytes` that fits (partly) in the cache.
+  double cache_speedup(algo::Collective collective, uint64_t bytes) const;
 
   TuneContext context_;
   algo::CostNetwork network_;

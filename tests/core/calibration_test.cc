@@ -63,7 +63,9 @@ TEST(Calibration, ParsesEveryKey) {
                                 "call_us 1.5\nlink_latency_us 0.75   # UCX\n"
                                 "link_bandwidth_gb_s 7\nmemory_overhead_us 0.1\n"
                                 "memory_bandwidth_gb_s 9\ndirect_latency_us 0.3\n"
-                                "direct_bandwidth_gb_s 11\n\ncores 3\nslice_latency_us 40\n",
+                                "direct_bandwidth_gb_s 11\n\ncores 3\nslice_latency_us 40\n"
+                                "direct_slice_latency_us 4\nsliced_link_bandwidth_gb_s 2\n"
+                                "cache_bytes 524288\ncache_bandwidth_gb_s 40\n",
                                 "test", &c)
                   .ok());
   EXPECT_EQ(c.call_us, 1.5);
@@ -75,6 +77,10 @@ TEST(Calibration, ParsesEveryKey) {
   EXPECT_EQ(c.direct.bandwidth_gb_s, 11);
   EXPECT_EQ(c.cores, 3);
   EXPECT_EQ(c.slice_latency_us, 40);
+  EXPECT_EQ(c.direct_slice_latency_us, 4);
+  EXPECT_EQ(c.sliced_link_bandwidth_gb_s, 2);
+  EXPECT_EQ(c.cache_bytes, 524288);
+  EXPECT_EQ(c.cache_bandwidth_gb_s, 40);
 }
 
 TEST(Calibration, BadFilesNameTheLineAndKey) {
@@ -141,14 +147,14 @@ TEST(Calibration, FileValuesReachThePredictions) {
 TEST(Calibration, OversubscribedRanksTimeShareTheCores) {
   const uint64_t bytes = 256 << 10;
   // 4 ranks on 2 cores (s = 2) cost what 4 unshared ranks cost on a machine
-  // with half every throughput, the call overhead doubled and every latency
-  // raised by one slice latency.
+  // with half every throughput, the call overhead doubled and every message's
+  // latency raised by one slice latency (local steps wait for nobody).
   const std::string shared =
       "cores 2\ncall_us 1\nslice_latency_us 30\nlink_latency_us 1\nlink_bandwidth_gb_s 6\n"
       "memory_overhead_us 0.2\nmemory_bandwidth_gb_s 12\n";
   const std::string equivalent =
       "cores 4\ncall_us 2\nslice_latency_us 30\nlink_latency_us 31\nlink_bandwidth_gb_s 3\n"
-      "memory_overhead_us 30.2\nmemory_bandwidth_gb_s 6\n";
+      "memory_overhead_us 0.2\nmemory_bandwidth_gb_s 6\n";
   for (Algorithm algorithm : {Algorithm::Ring, Algorithm::Rd, Algorithm::Rhd}) {
     const double sliced = predict_with(shared, 4, algorithm, bytes);
     EXPECT_NEAR(sliced, predict_with(equivalent, 4, algorithm, bytes), 1e-6)
@@ -159,6 +165,42 @@ TEST(Calibration, OversubscribedRanksTimeShareTheCores) {
   // The slice latency is what makes small oversubscribed calls slow.
   EXPECT_GT(predict_with(shared, 4, Algorithm::Rd, 8),
             predict_with(shared + "slice_latency_us 0\n", 4, Algorithm::Rd, 8) + 2 * 30 - 1e-9);
+  // A direct synchronisation waits its own slice latency, once per synchronisation.
+  const std::string direct = shared + "direct_latency_us 0.5\ndirect_bandwidth_gb_s 20\n";
+  EXPECT_NEAR(predict_with(direct + "direct_slice_latency_us 4\n", 4, Algorithm::TwoShot, 8, true),
+              predict_with(direct, 4, Algorithm::TwoShot, 8, true) + 2 * 4, 1e-9);
+  // A measured link throughput at s = 2 replaces bandwidth / 2 ...
+  EXPECT_NEAR(predict_with(shared + "sliced_link_bandwidth_gb_s 1.5\n", 4, Algorithm::Ring, bytes),
+              predict_with(equivalent + "link_bandwidth_gb_s 1.5\n", 4, Algorithm::Ring, bytes),
+              1e-6);
+  // ... and sets the power of s for other shares: 6 GB/s at s = 1 and 1.5 at
+  // s = 2 is 6 / s^2, so 8 ranks on 2 cores (s = 4) get 0.375 GB/s.
+  EXPECT_NEAR(Calibration::sliced_link_bandwidth(6, 4, 1.5), 0.375, 1e-12);
+  EXPECT_EQ(Calibration::sliced_link_bandwidth(6, 4, 0), 1.5);
+  EXPECT_EQ(Calibration::sliced_link_bandwidth(6, 1, 1.5), 6);
+}
+
+TEST(Calibration, CallsThatFitTheCacheCopyAtTheCachesSpeed) {
+  // Memory 12 GB/s, cache 24 GB/s up to 1 MiB: a call that fits runs every copy,
+  // UCX message and direct read at twice the calibrated throughput.
+  const std::string cached = kBase + "cache_bytes 1048576\ncache_bandwidth_gb_s 24\n";
+  const std::string doubled =
+      "cores 8\nlink_latency_us 1\nlink_bandwidth_gb_s 12\nmemory_overhead_us 0.2\n"
+      "memory_bandwidth_gb_s 24\ndirect_latency_us 0.15\ndirect_bandwidth_gb_s 50\n";
+  for (Algorithm algorithm : {Algorithm::Ring, Algorithm::Rhd, Algorithm::OneShot}) {
+    const bool direct = algorithm == Algorithm::OneShot;
+    EXPECT_NEAR(predict_with(cached, 4, algorithm, 256 << 10, direct),
+                predict_with(doubled, 4, algorithm, 256 << 10, direct), 1e-6)
+        << algo::algorithm_name(algorithm);
+  }
+  // A call of 2 MiB copies its first MiB at 24 GB/s and the second at 12: 4/3 the throughput.
+  EXPECT_NEAR(Calibration::cache_speedup(2 << 20, 1 << 20, 24, 12), 4.0 / 3, 1e-12);
+  EXPECT_EQ(Calibration::cache_speedup(2 << 20, 0, 24, 12), 1);
+  // Past the cache the large call is timed at memory's speed, within that first MiB's gain.
+  const double large = predict_with(cached, 4, Algorithm::Ring, 64 << 20);
+  const double uncached = predict_with(kBase, 4, Algorithm::Ring, 64 << 20);
+  EXPECT_LT(large, uncached);
+  EXPECT_GT(large, uncached * 0.95);
 }
 
 }  // namespace
