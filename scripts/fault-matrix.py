@@ -21,7 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 PHASES = ["init", "split", "blocking_allreduce", "stream_allreduce", "group_sendrecv",
           "direct_path", "registered_zero_copy"]
 ROWS = [("root", "kill"), ("root", "stop"), ("root", "cut"), ("nonroot", "kill"),
-        ("nonroot", "stop"), ("nonroot", "cut")]
+        ("nonroot", "stop"), ("nonroot", "cut"), ("root_and_nonroot", "kill"),
+        ("root_and_nonroot", "stop"), ("two_nonroots", "kill"), ("two_nonroots", "stop")]
+VICTIMS = {"root": "rank 0 (root)", "nonroot": "rank 2", "root_and_nonroot": "ranks 0 and 3 (of 4)",
+           "two_nonroots": "ranks 2 and 3 (of 4)"}
+CUT_VICTIMS = {"root": "host a (root's)", "nonroot": "host c"}
 FAULTS = {"kill": "SIGKILL", "stop": "SIGSTOP", "cut": "network cut"}
 CUT_PHASES = {"init": "init", "split": "split", "blocking": "blocking_allreduce", "stream": "stream_allreduce",
               "group": "group_sendrecv"}
@@ -93,7 +97,8 @@ def main():
             key = (victim, fault, phase)
             mark = " FAIL" if f"{victim}_{fault}_{phase}" in failed else ""
             cells.append(f"{seconds[key]:.2f} s{mark}" if key in seconds else f"–{mark}")
-        print(f"| {victim} | {FAULTS[fault]} | " + " | ".join(cells) + " |")
+        who = CUT_VICTIMS[victim] if fault == "cut" else VICTIMS[victim]
+        print(f"| {who} | {FAULTS[fault]} | " + " | ".join(cells) + " |")
     return 1 if failed else 0
 
 

@@ -250,17 +250,26 @@ Status Communicator::unusable() const {
 }
 
 namespace {
-// The ranks a timeout message says it waited for: every "rank N" after "waiting for" (the
-// waits' descriptions are where the executor and the direct path name them).
+// The ranks a timeout message says it waited for: every "rank N", and every N of a list
+// "ranks N, M", after "waiting for" (the waits' descriptions are where the executor and the
+// direct path name them).
 std::vector<int32_t> ranks_waited_for(const std::string& message) {
   std::vector<int32_t> ranks;
   size_t at = message.find("waiting for ");
-  while (at != std::string::npos && (at = message.find("rank ", at)) != std::string::npos) {
-    at += 5;
-    char* end = nullptr;
-    long rank = strtol(message.c_str() + at, &end, 10);
-    if (end != message.c_str() + at && std::find(ranks.begin(), ranks.end(), rank) == ranks.end())
-      ranks.push_back(static_cast<int32_t>(rank));
+  while (at != std::string::npos && (at = message.find("rank", at)) != std::string::npos) {
+    at += 4;
+    if (message.compare(at, 2, "s ") == 0) ++at;
+    if (message.compare(at, 1, " ") != 0) continue;
+    const char* next = message.c_str() + at + 1;
+    for (;;) {
+      char* end = nullptr;
+      const long rank = strtol(next, &end, 10);
+      if (end == next) break;
+      if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end())
+        ranks.push_back(static_cast<int32_t>(rank));
+      if (end[0] != ',' || end[1] != ' ') break;
+      next = end + 2;
+    }
   }
   return ranks;
 }
