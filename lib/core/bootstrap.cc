@@ -982,10 +982,11 @@ void Bootstrap::leave(bool clean, const Blob& goodbye) {
     if (leaving_) return;
     leaving_ = true;
   }
+  const Deadline deadline = deadline_after_ms(clean ? 1000 : 100);
   if (socket_.valid()) {
     std::lock_guard<std::mutex> sending(send_mutex_);
     (void)send_frame(socket_.get(), clean ? kGoodbye : kAborting, goodbye.data(),
-                     clean ? goodbye.size() : 0, deadline_after_ms(clean ? 1000 : 100));
+                     clean ? goodbye.size() : 0, deadline);
   }
   if (control_thread_.joinable()) {
     char byte = 1;
@@ -993,6 +994,19 @@ void Bootstrap::leave(bool clean, const Blob& goodbye) {
     control_thread_.join();
   }
   std::lock_guard<std::mutex> sending(send_mutex_);
+  if (socket_.valid()) {
+    // Closing a socket with unread data resets it, and a reset throws away what is still
+    // queued to send: the goodbye, when the link to the root had just come back from an
+    // outage and was retransmitting, and the root then took the leaver for dead. So: end the
+    // sending side, and close once the root has closed its side (it does so on reading the
+    // goodbye's end) or the goodbye's deadline has passed.
+    (void)shutdown(socket_.get(), SHUT_WR);
+    uint8_t unread[4096];
+    pollfd readable{socket_.get(), POLLIN, 0};
+    while (poll(&readable, 1, remaining_ms(deadline, 1000)) > 0 &&
+           recv(socket_.get(), unread, sizeof(unread), MSG_DONTWAIT) > 0) {
+    }
+  }
   socket_.reset();
 }
 

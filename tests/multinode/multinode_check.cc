@@ -335,7 +335,12 @@ bool parse_fault_phase(const char* text, FaultPhase* phase) {
 
 // Runs the phase's operation in a loop until it fails (a host was killed or cut off): prints
 // "rank R: OPERATION failed at iteration N: ..." and exits 3. Every result is checked exactly.
-int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file, FaultPhase phase) {
+// With `healed_file` (a cut that heals within the timeout) nothing may fail: once every rank
+// has seen that file (an AllReduce of the ranks' flags after each iteration, so all stop at
+// the same iteration), 20 more iterations and the rank prints "rank R: N iterations, none
+// failed" and returns 0.
+int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file, FaultPhase phase,
+               const char* healed_file) {
   const size_t count = 1 << 14;
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
@@ -347,7 +352,20 @@ int fault_mode(weftComm_t comm, int rank, int nranks, const char* ready_file, Fa
                                                    : "weftAllReduce";
   std::vector<int32_t> data(count);
   std::vector<std::vector<int32_t>> received(nranks, std::vector<int32_t>(count));
+  long last_iteration = -1;  // set once every rank has seen the heal
   for (long iteration = 0; Clock::now() - start < std::chrono::seconds(30); ++iteration) {
+    if (healed_file != nullptr && last_iteration < 0) {
+      int32_t seen = access(healed_file, F_OK) == 0, all = 0;
+      const weftResult_t agreed = weftAllReduce(&seen, &all, 1, weftInt32, weftMin, comm, nullptr);
+      if (agreed != weftSuccess)
+        call_failed(comm, "weftAllReduce of the heal flags", agreed,
+                    " at iteration " + std::to_string(iteration));
+      if (all == 1) last_iteration = iteration + 20;
+    }
+    if (iteration == last_iteration) {
+      printf("rank %d: %ld iterations, none failed\n", rank, iteration);
+      return 0;
+    }
     for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
     weftResult_t result = weftSuccess;
     if (phase == FaultPhase::Split) {
@@ -477,7 +495,7 @@ int main(int argc, char** argv) {
        (argc < 4 || (argc > 4 && !parse_fault_phase(argv[4], &phase))))) {
     fprintf(stderr,
             "usage: %s check HOSTS | twolevel HOSTS | mismatch HOSTS | fault HOSTS READY_FILE "
-            "[init|split|blocking|stream|group]\n",
+            "[init|split|blocking|stream|group [HEALED_FILE]]\n",
             argv[0]);
     return kUsageExit;
   }
@@ -500,8 +518,9 @@ int main(int argc, char** argv) {
   }
   int code = strcmp(argv[1], "check") == 0      ? check_mode(comm, rank, nranks)
              : strcmp(argv[1], "twolevel") == 0 ? two_level_mode(comm, rank, nranks)
-             : strcmp(argv[1], "mismatch") == 0 ? mismatch_mode(comm, rank)
-                                                : fault_mode(comm, rank, nranks, argv[3], phase);
+             : strcmp(argv[1], "mismatch") == 0
+                 ? mismatch_mode(comm, rank)
+                 : fault_mode(comm, rank, nranks, argv[3], phase, argc > 5 ? argv[5] : nullptr);
   fflush(stdout);
   if (code != 0) {
     weftCommAbort(comm);

@@ -20,6 +20,10 @@
 #                                                blocking: AllReduce; stream: AllReduce on a
 #                                                stream; group: Send/Recv between every pair),
 #                                                or (init) before the ranks start
+#   multinode_test.sh heal PROG WORKDIR VICTIM PHASE
+#                                                the same cut, but the link comes back after
+#                                                1 s (a third of the timeout): no rank may
+#                                                fail, every result stays exact
 #
 # In the fault tests every surviving rank must report an error and exit
 # within the timeout (WEFT_TIMEOUT_MS=3000) plus a margin, never hang. In
@@ -34,23 +38,24 @@ mode=${1:-} prog=${2:-} work=${3:-} victim=${4:-} phase=${5:-blocking}
 margin_ms=5000
 case $mode in
   collectives | twolevel | mismatch | kill | linkdown) ;;
-  cut)
+  cut | heal)
     case $victim in
       root) victim_host=a ;;
       nonroot) victim_host=c ;;
-      *) echo "$0: cut needs VICTIM root or nonroot, got '$victim'" >&2; exit 2 ;;
+      *) echo "$0: $mode needs VICTIM root or nonroot, got '$victim'" >&2; exit 2 ;;
     esac
     case $phase in
       init | split) phase_name=$phase ;;
       blocking) phase_name=blocking_allreduce ;;
       stream) phase_name=stream_allreduce ;;
       group) phase_name=group_sendrecv ;;
-      *) echo "$0: cut needs PHASE init, split, blocking, stream or group, got '$phase'" >&2; exit 2 ;;
+      *) echo "$0: $mode needs PHASE init, split, blocking, stream or group, got '$phase'" >&2; exit 2 ;;
     esac
+    [[ $mode == heal && $phase == init ]] && { echo "$0: heal has no init phase" >&2; exit 2; }
     margin_ms=2000 ;;  # the fault matrix's bound: the timeout plus 2 s
-  *) echo "usage: $0 collectives|twolevel|mismatch|kill|linkdown PROG WORKDIR | cut PROG WORKDIR root|nonroot init|split|blocking|stream|group" >&2; exit 2 ;;
+  *) echo "usage: $0 collectives|twolevel|mismatch|kill|linkdown PROG WORKDIR | cut|heal PROG WORKDIR root|nonroot init|split|blocking|stream|group" >&2; exit 2 ;;
 esac
-readonly skip=77 timeout_ms=3000
+readonly skip=77 timeout_ms=3000 outage_s=1
 hosts=(a b c)
 rank_host=(a b c a c)  # 5 ranks, uneven (2 + 1 + 2) and interleaved
 nranks=${#rank_host[@]}
@@ -58,7 +63,7 @@ prefix=weftmn-$$
 switch=$prefix-sw
 
 label=$mode
-[[ $mode == cut ]] && label="cut ${victim}_cut_$phase_name"
+[[ $mode == cut || $mode == heal ]] && label="$mode ${victim}_${mode}_$phase_name"
 say() { echo "multinode_test[$label]: $*"; }
 fail() { say "FAIL: $*"; exit 1; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
@@ -115,6 +120,7 @@ case $mode in
   collectives) args=(check ${#hosts[@]}) ;;
   twolevel) args=(twolevel ${#hosts[@]}) ;;
   mismatch) args=(mismatch ${#hosts[@]}) ;;
+  heal) args=(fault ${#hosts[@]} "$work/ready" "$phase" "$work/healed") ;;
   *) args=(fault ${#hosts[@]} "$work/ready" "$phase") ;;
 esac
 # UCX's debug log names every endpoint's transports (checked below).
@@ -222,7 +228,25 @@ for r in "${all_ranks[@]}"; do
   done
 done
 
-if [[ $mode == cut ]]; then
+if [[ $mode == heal ]]; then
+  t0=$(now_ms)
+  cut_link
+  sleep "$outage_s"  # the outage's length, not a wait for the ranks
+  ip -n "$switch" link set "port-$victim_host" up
+  say "brought host $victim_host's link back after $(($(now_ms) - t0)) ms"
+  touch "$work/healed"
+  await_ranks $((t0 + rank_limit * 1000)) "${all_ranks[@]}"
+  failed=0
+  for r in "${all_ranks[@]}"; do
+    if [[ ${code[$r]} != 0 ]] || ! grep -q "^rank $r: [0-9]* iterations, none failed" "$work/rank$r.out"; then
+      say "rank $r exited ${code[$r]}: $(grep -m1 "^rank $r: " "$work/rank$r.out")"
+      failed=1
+    fi
+  done
+  ((failed == 0)) || { show_output; fail "a rank failed although the cut healed within the timeout"; }
+  say "PASS: every rank went on exactly through a ${outage_s} s cut of host $victim_host (timeout $timeout_ms ms)"
+  exit 0
+elif [[ $mode == cut ]]; then
   [[ $phase == init ]] || { t0=$(now_ms); cut_link; }
   survivors=("${all_ranks[@]}")  # the cut host's ranks are alive, cut off, and must fail too
 elif [[ $mode == kill ]]; then
