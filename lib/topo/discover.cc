@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <tuple>
 
@@ -309,14 +310,25 @@ Status load_xml_file(const std::string& path, Machine* out) {
 }
 
 Status process_binding(std::vector<int>* pus) {
-  Topology topology;
-  WEFT_RETURN_IF_ERROR(load_topology(false, nullptr, "this host", &topology));
+  // Loading a topology costs milliseconds of CPU, every communicator asks, and
+  // the machine does not change while the process runs (its binding may, so
+  // that is read each time): one topology, loaded at the first query and kept
+  // to the end (not destroyed at exit, under threads that may still ask).
+  static std::once_flag once;
+  static hwloc_topology_t topology = nullptr;
+  static Status* loaded = nullptr;
+  std::call_once(once, [] {
+    Topology owned;
+    loaded = new Status(load_topology(false, nullptr, "this host", &owned));
+    topology = owned.release();
+  });
+  WEFT_RETURN_IF_ERROR(*loaded);
   Bitmap set(hwloc_bitmap_alloc());
   if (!set) return Error(weftSystemError, "hwloc_bitmap_alloc failed");
-  if (hwloc_get_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_PROCESS) != 0)
+  if (hwloc_get_cpubind(topology, set.get(), HWLOC_CPUBIND_PROCESS) != 0)
     return Error(weftSystemError, "hwloc_get_cpubind failed: %s", strerror(errno));
   // An unbound process may report an infinite set; only real PUs count.
-  hwloc_bitmap_and(set.get(), set.get(), hwloc_topology_get_complete_cpuset(topology.get()));
+  hwloc_bitmap_and(set.get(), set.get(), hwloc_topology_get_complete_cpuset(topology));
   pus->clear();
   unsigned pu = 0;
   hwloc_bitmap_foreach_begin(pu, set.get()) {
