@@ -23,20 +23,20 @@ namespace weft {
 struct Calibration {
   // Host-side cost of one scheduled call (API entry, tuner lookup, job set-up),
   // added to every prediction of a message-based algorithm.
-  double call_us = 0;
+  double call_us = 0.06;
   // Ranks of one node over UCX (every intra-node link class unless a topology
   // file gives costs).
-  topo::LinkCost link{6.0, 1.0};
+  topo::LinkCost link{8.7, 2.4};
   // Reduce and Copy steps on one core: per-step overhead, throughput.
-  algo::LinkTime memory{0.2, 12.0};
+  algo::LinkTime memory{0.2, 13.9};
   // Direct algorithms: one synchronisation, staging throughput.
-  algo::LinkTime direct{0.15, 25};
+  algo::LinkTime direct{0.25, 8.8};
   // Calls whose larger buffer per rank is up to cache_bytes run their copies
   // (memory, direct, and the node's links) from the cache at
   // cache_bandwidth_gb_s instead of memory_bandwidth; a larger call's first
   // cache_bytes still do (cached_share). 0: one throughput for every size.
-  double cache_bytes = 0;
-  double cache_bandwidth_gb_s = 0;
+  double cache_bytes = 512 * 1024;
+  double cache_bandwidth_gb_s = 41;
   // Cores the ranks of one node share; 0: the processors online.
   int cores = 0;
   // Oversubscribed (ranks per node > cores): the ranks time-share the cores,
@@ -45,13 +45,13 @@ struct Calibration {
   // more. A direct synchronisation waits less (direct_slice_latency_us): its
   // waiters yield the core at once, where a message first needs the
   // receiver's progress engine to run.
-  double slice_latency_us = 0;
-  double direct_slice_latency_us = 0;
+  double slice_latency_us = 6.2;
+  double direct_slice_latency_us = 2.2;
   // A link's throughput per rank measured with twice as many ranks as cores
   // (s = 2); 0: link_bandwidth / s. Messages lose more than their share of
   // the cores: a rank waiting for one spins on a core its peer needs.
   // Other s follow the same power of s (sliced_link_bandwidth).
-  double sliced_link_bandwidth_gb_s = 0;
+  double sliced_link_bandwidth_gb_s = 3.2;
 
   // s for `ranks_per_node` ranks on `cores` cores (at least 1).
   static double share(int ranks_per_node, int cores);

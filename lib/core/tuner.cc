@@ -170,6 +170,20 @@ Status parse_algorithm_overrides(const std::string& spec, const char* source,
   return Status::Ok();
 }
 
+namespace {
+
+// What a rank's own work costs (copies, reductions, the call, the cache tier):
+// from the machine, whatever the links between ranks are.
+void set_local_costs(const Calibration& machine, TuneContext* context) {
+  context->memory = machine.memory;
+  context->direct = machine.direct;
+  context->call_us = machine.call_us;
+  context->cache_bytes = machine.cache_bytes;
+  context->cache_bandwidth_gb_s = machine.cache_bandwidth_gb_s;
+}
+
+}  // namespace
+
 TuneContext tune_context(const CommTopology& topology, bool shared_memory,
                          const AlgorithmOverrides& overrides, const Calibration& machine) {
   TuneContext context;
@@ -177,11 +191,7 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
   context.nranks = n;
   context.layout = topology.layout;
   context.links = topology.links;
-  context.memory = machine.memory;
-  context.direct = machine.direct;
-  context.call_us = machine.call_us;
-  context.cache_bytes = machine.cache_bytes;
-  context.cache_bandwidth_gb_s = machine.cache_bandwidth_gb_s;
+  set_local_costs(machine, &context);
   if (!topology.injected) {
     for (topo::LinkClass link : kNodeLinks) context.links[static_cast<int>(link)] = machine.link;
     // Every rank sees the same places, so all compute the same share.
@@ -207,10 +217,12 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
   return context;
 }
 
-TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory) {
+TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory,
+                         const Calibration& machine) {
   TuneContext context;
   const int n = static_cast<int>(cluster.ranks.size());
   context.nranks = n;
+  set_local_costs(machine, &context);
   const topo::ClusterView view(topo::places_of(cluster));
   for (int rank = 0; rank < n; ++rank) context.layout.node_of.push_back(view.node_of(rank));
   context.layout.ring = topo::ring_order(view);

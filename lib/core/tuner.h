@@ -52,9 +52,9 @@ struct TuneContext {
   algo::Layout layout;              // empty node_of: one node, rank-order ring
   std::vector<uint8_t> pair_class;  // topo::LinkClass per [from * nranks + to]; empty: same NUMA
   std::array<topo::LinkCost, topo::kNumLinkClasses> links = topo::Cluster::default_links();
-  algo::LinkTime memory = Calibration().memory;
-  algo::LinkTime direct = Calibration().direct;  // direct algorithms (shared memory)
-  double call_us = 0;                            // added to every scheduled prediction
+  algo::LinkTime memory;
+  algo::LinkTime direct;  // direct algorithms (shared memory)
+  double call_us = 0;     // added to every scheduled prediction
   // Ranks per core on the busiest node when they outnumber its cores (1:
   // not oversubscribed) and the slice latencies (Calibration::sliced).
   double share = 1;
@@ -80,8 +80,10 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
                          const Calibration& machine = Calibration());
 
 // The context of a cluster file's ranks (weft-sim, planning): link classes
-// exactly as the file gives them (NVLink domains, NIC rails).
-TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory);
+// exactly as the file gives them (NVLink domains, NIC rails), each rank's own
+// work from `machine`, as a communicator given the same file times it.
+TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory,
+                         const Calibration& machine = Calibration());
 
 // Bytes as WEFT_ALGO ranges write them: 512, 16K, 4M, inf (UINT64_MAX).
 std::string size_text(uint64_t bytes);

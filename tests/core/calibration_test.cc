@@ -46,10 +46,15 @@ class TunerFile {
   std::string path_;
 };
 
-// The prediction on `nranks` ranks of one node with WEFT_TUNER_FILE = `text`.
+// The prediction on `nranks` ranks of one node with WEFT_TUNER_FILE = `text`,
+// after turning off the defaults' optional costs (call, cache tier, slicing),
+// so that each test sees only the figures it sets.
 double predict_with(const std::string& text, int nranks, Algorithm algorithm, uint64_t bytes,
                     bool shared_memory = false) {
-  TunerFile file(text);
+  TunerFile file(
+      "call_us 0\ncache_bytes 0\nslice_latency_us 0\ndirect_slice_latency_us 0\n"
+      "sliced_link_bandwidth_gb_s 0\n" +
+      text);
   Calibration machine;
   const Status status = load_calibration(&machine);
   EXPECT_TRUE(status.ok()) << status.message();
