@@ -135,7 +135,7 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
     phase_start = now;
     return ms;
   };
-  WEFT_RETURN_IF_ERROR(ucx::Transport::create(&comm->transport_));
+  WEFT_RETURN_IF_ERROR(ucx::Transport::create(comm->config_.one_node, &comm->transport_));
   const double transport_ms = phase_ms();
   PeerInfo self;
   self.host_hash = host_hash();
@@ -440,6 +440,7 @@ Status Communicator::split(int color, int key, const CommConfig& config,
                                                [&](const Member& m) { return m.rank == rank_; }) -
                                   members.begin());
   if (child.name.empty()) child.name = config_.name + "/" + std::to_string(color);
+  child.one_node = on_this_node(members, [](const Member& m) { return m.rank; });
   return Communicator::create(root, static_cast<int>(members.size()), new_rank, child, out);
 }
 
@@ -604,6 +605,7 @@ Status Communicator::shrink(std::span<const int> exclude, const CommConfig& conf
   CommConfig child = config;
   if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
   if (child.name.empty()) child.name = config_.name + "/shrunk";
+  child.one_node = on_this_node(survivors, [](int peer) { return peer; });
   Blob id_blob;
   if (new_rank == 0) WEFT_RETURN_IF_ERROR(start_child_root(child.timeout_ms, &id_blob));
   std::vector<Blob> parts;

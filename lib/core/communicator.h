@@ -34,6 +34,9 @@ struct CommConfig {
   std::string name;
   std::string algorithms;  // forced algorithms, WEFT_ALGO syntax; "" for WEFT_ALGO itself
   int cuda_device = -1;    // >= 0: a GPU communicator on that CUDA device (device memory only)
+  // Every rank is known to share this rank's node (a split or shrink of ranks that do): UCX
+  // is opened without its network transports, which cost every worker half its creation.
+  bool one_node = false;
 };
 
 struct PeerInfo {
@@ -216,6 +219,13 @@ class Communicator {
   CommTopology topology_;
   std::unique_ptr<ucx::Transport> transport_;
   std::unique_ptr<Bootstrap> bootstrap_;
+  // Whether the ranks `rank_of` picks from `members` all share this rank's node.
+  template <typename Range, typename RankOf>
+  bool on_this_node(const Range& members, RankOf rank_of) const {
+    for (const auto& member : members)
+      if (peers_[rank_of(member)].host_hash != peers_[rank_].host_hash) return false;
+    return true;
+  }
   template <typename T>
   static T bump(std::atomic<T>& counter) {
     T value = counter.load(std::memory_order_relaxed);

@@ -396,12 +396,10 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
       offer_floor_ = std::max(offer_floor_, smallest);
     }
   }
-  // This rank's staging pages are mapped now rather than at first write: otherwise the first
-  // two large calls (one per staging half) take a page fault per 4 KiB written. Peers'
-  // segments are only read, and a read fault maps 16 pages at once (fault-around), so they
-  // are left to fault: mapping them too costs every communicator's creation more CPU
-  // (docs/performance.md, "Mid-size").
-  if (nranks > 1 && !segments[rank].prefault())
+  // The header's pages (control, announcements, lanes) are mapped now, so that the first
+  // small calls take no page fault; the staging's at the first op that writes them
+  // (prefault_staging).
+  if (!segments[rank].prefault(0, header_bytes_))
     WEFT_LOG(INFO, INIT, "rank %d: staging not prefaulted (no MADV_POPULATE): first calls fault",
              rank);
   segments_ = std::move(segments);
@@ -720,6 +718,27 @@ inline uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
   return ceil_div(largest, per_round);
 }
 
+void DirectState::prefault_staging(const Job& job, const DirectRun& run) {
+  // An op writes at most a slot per peer (or one slot) of per_round elements per round, or
+  // its whole count when that fits one round.
+  const DirectCall& call = *job.direct;
+  const uint64_t elements = run.rounds == 1 && call.collective != algo::Collective::AllToAllv
+                                ? std::min(run.per_round, call.count)
+                                : run.per_round;
+  const size_t slots = has_slots(call.collective) ? nranks_ : 1;
+  const size_t bytes = std::min(half_bytes_, slots * elements * job.math.element_size);
+  if (bytes <= prefaulted_bytes_) return;
+  // Rounds alternate between the halves: map both as far as this op writes. Without it the
+  // first large calls take a page fault per 4 KiB written; mapping the whole staging at init
+  // instead costs every communicator's creation the CPU to clear it, although most (a
+  // subgroup's, a P2P pair's) never stage a large call. Peers' staging is only read, and a
+  // read fault maps 16 pages at once (fault-around), so it is left to fault.
+  for (size_t half = 0; half < 2; ++half)
+    (void)segments_[rank_].prefault(header_bytes_ + half * half_bytes_ + prefaulted_bytes_,
+                                    bytes - prefaulted_bytes_);
+  prefaulted_bytes_ = bytes;
+}
+
 inline void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offset_bytes,
                                     uint64_t count) const {
   reduce_ranks(job.math, nranks_, dst, count, [&](int q) { return staging(q) + offset_bytes; });
@@ -834,6 +853,7 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     run->per_round = slot_elements(job);
     run->rounds = rounds(job, run->per_round);
     run->sized = true;
+    prefault_staging(job, *run);
   }
   bool more = run->rounds > 0;
   if (more && run->path == DirectRun::Path::Undecided && lane_op(job))

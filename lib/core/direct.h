@@ -254,6 +254,8 @@ class DirectState {
   uint64_t rounds(const Job& job, uint64_t per_round) const;
   // Elements per staging slot.
   uint64_t slot_elements(const Job& job) const;
+  // Maps this rank's staging pages that `job` will write, once (both halves).
+  void prefault_staging(const Job& job, const DirectRun& run);
   void reduce_all(const Job& job, std::byte* dst, size_t offset_bytes, uint64_t count) const;
 
   // Zero copy. Whether the op is staged without offers (no peer, a collective that is never
@@ -289,9 +291,10 @@ class DirectState {
   size_t staging_bytes_ = 0;
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;
-  std::vector<std::byte*> stagings_;                   // by rank: its staging (both halves)
-  std::vector<std::byte*> lanes_;                      // by rank: its lane slots
-  size_t half_bytes_ = 0;                              // staging_bytes_ / 2
+  std::vector<std::byte*> stagings_;  // by rank: its staging (both halves)
+  std::vector<std::byte*> lanes_;     // by rank: its lane slots
+  size_t half_bytes_ = 0;             // staging_bytes_ / 2
+  size_t prefaulted_bytes_ = 0;       // of each own staging half: pages mapped so far
   std::vector<std::atomic<uint64_t>*> announcements_;  // by rank: its first slot
   std::atomic<shm::Doorbell*> bell_{nullptr};
   // Rounds of this communicator completed by its direct ops (all ranks agree;

@@ -270,11 +270,13 @@ TEST_F(NoLeftovers, FloatResultsAreBitIdenticalInRankOrder) {
       options);
 }
 
-// The staging is mapped at init: the first two 1 MiB AllReduces (one per
-// staging half) each took a page fault per 4 KiB of staging written (about 270
-// per call at 2 ranks); now only the peers' pages fault on first read, 16 pages
-// at a time. The inputs and outputs are written before, so every fault counted
-// is the library's.
+// Unmapped, the staging made the first two 1 MiB AllReduces (one per staging
+// half) each take a page fault per 4 KiB of staging written (about 270 per call
+// at 2 ranks). The first call that stages a size now maps both halves as far as
+// it writes (one madvise, whose pages rusage counts as faults too), so the
+// second call faults only where peers' pages are first read, 16 pages at a
+// time. The inputs and outputs are written before, so every fault counted is
+// the library's.
 // Under ASan and TSan the count is their shadow memory's and allocator's faults (about 350
 // and 4100 on the first calls), not the staging's, so those builds check the results only.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -283,7 +285,7 @@ constexpr bool kSanitized = true;
 constexpr bool kSanitized = false;
 #endif
 
-TEST_F(NoLeftovers, FirstLargeCallsDoNotFaultInTheStaging) {
+TEST_F(NoLeftovers, TheSecondLargeCallDoesNotFaultInTheStaging) {
   run_ranks(2, [](const RankContext& context) {
     weftComm_t world = init_comm(context);
     weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
@@ -297,9 +299,7 @@ TEST_F(NoLeftovers, FirstLargeCallsDoNotFaultInTheStaging) {
           weftAllReduce(input.data(), output.data(), count, weftFloat32, weftSum, comm, nullptr),
           weftSuccess);
       getrusage(RUSAGE_SELF, &after);
-      if (!kSanitized) {
-        EXPECT_LT(after.ru_minflt - before.ru_minflt, 64) << "call " << call;
-      }
+      if (!kSanitized && call == 1) EXPECT_LT(after.ru_minflt - before.ru_minflt, 64);
       for (size_t i = 0; i < count; ++i)
         ASSERT_EQ(output[i], static_cast<float>(1 + 2 * (i % 5))) << "element " << i;
     }

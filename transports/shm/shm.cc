@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -133,9 +134,13 @@ Status Segment::anonymous(size_t bytes, Segment* out) {
   return Status::Ok();
 }
 
-bool Segment::prefault() const {
-  if (data_ == nullptr || size_ == 0) return true;
-  return madvise(data_, size_, MADV_POPULATE_WRITE) == 0;
+bool Segment::prefault(size_t offset, size_t bytes) const {
+  bytes = std::min(bytes, size_ - std::min(offset, size_));
+  if (data_ == nullptr || bytes == 0) return true;
+  // madvise takes whole pages: start at the page that holds `offset`.
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t start = offset / page * page;
+  return madvise(data_ + start, offset + bytes - start, MADV_POPULATE_WRITE) == 0;
 }
 
 void Segment::unlink_name(const std::string& name) {

@@ -41,10 +41,11 @@ class Segment {
   static void unlink_name(const std::string& name);
   void unlink();
 
-  // Maps every page now, writable (MADV_POPULATE_WRITE), so that the first writes
-  // do not take a page fault per 4 KiB. Returns false where the kernel cannot
-  // (before Linux 5.14): the pages then fault on first touch, as without it.
-  bool prefault() const;
+  // Maps the pages of [offset, offset + bytes) now, writable (MADV_POPULATE_WRITE),
+  // so that the first writes do not take a page fault per 4 KiB. Returns false
+  // where the kernel cannot (before Linux 5.14): the pages then fault on first
+  // touch, as without it.
+  bool prefault(size_t offset, size_t bytes) const;
 
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }

@@ -56,15 +56,16 @@ Status track(ucs_status_ptr_t posted, Request* request, const char* what) {
 
 namespace {
 
-// One ucp context per process, shared by the communicators' workers: reading
-// UCX's configuration and opening its components is most of what a context
-// costs, and a split would pay it again for every communicator. Kept while
-// some transport holds it; a child forked from the process makes its own.
+// One ucp context per process and kind (any peers, or peers of this node only), shared
+// by the communicators' workers: reading UCX's configuration and opening its components
+// is most of what a context costs, and a split would pay it again for every
+// communicator. Kept while some transport holds it; a child forked from the process
+// makes its own.
 std::mutex context_mutex;
-std::weak_ptr<ucp_context> shared_context;
-pid_t shared_context_pid = 0;
+std::weak_ptr<ucp_context> shared_context[2];  // [one_node]
+pid_t shared_context_pid[2] = {0, 0};
 
-Status make_context(std::shared_ptr<ucp_context>* out) {
+Status make_context(bool one_node, std::shared_ptr<ucp_context>* out) {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return ucx_error("config read", status);
@@ -78,7 +79,11 @@ Status make_context(std::shared_ptr<ucp_context>* out) {
   // 64 MB /dev/shm cannot give to dozens of communicators; its sysv twin moves
   // messages the same way from SysV memory, outside /dev/shm. UCX_TLS set by
   // the user still wins.
-  if (getenv("UCX_TLS") == nullptr) (void)ucp_config_modify(config, "TLS", "^posix");
+  // Peers of this node only: shared memory alone (sysv for messages, cma for
+  // large ones, self for a rank's own), since a worker's network interfaces
+  // (TCP's listening sockets and route lookups, verbs devices) cost half its creation.
+  if (getenv("UCX_TLS") == nullptr)
+    (void)ucp_config_modify(config, "TLS", one_node ? "self,sysv,cma" : "^posix");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -92,22 +97,22 @@ Status make_context(std::shared_ptr<ucp_context>* out) {
   return Status::Ok();
 }
 
-Status process_context(std::shared_ptr<ucp_context>* out) {
+Status process_context(bool one_node, std::shared_ptr<ucp_context>* out) {
   std::lock_guard<std::mutex> lock(context_mutex);
-  if (shared_context_pid == getpid()) *out = shared_context.lock();
+  if (shared_context_pid[one_node] == getpid()) *out = shared_context[one_node].lock();
   if (*out) return Status::Ok();
   // None alive, or the parent's (inherited by fork, unusable here): a new one.
-  WEFT_RETURN_IF_ERROR(make_context(out));
-  shared_context = *out;
-  shared_context_pid = getpid();
+  WEFT_RETURN_IF_ERROR(make_context(one_node, out));
+  shared_context[one_node] = *out;
+  shared_context_pid[one_node] = getpid();
   return Status::Ok();
 }
 
 }  // namespace
 
-Status Transport::create(std::unique_ptr<Transport>* out) {
+Status Transport::create(bool one_node, std::unique_ptr<Transport>* out) {
   std::unique_ptr<Transport> transport(new Transport());
-  WEFT_RETURN_IF_ERROR(process_context(&transport->context_));
+  WEFT_RETURN_IF_ERROR(process_context(one_node, &transport->context_));
   ucs_status_t status = UCS_OK;
 
   ucp_worker_params_t worker_params{};

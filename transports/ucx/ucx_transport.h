@@ -28,7 +28,9 @@ struct Request {
 
 class Transport {
  public:
-  static Status create(std::unique_ptr<Transport>* out);
+  // `one_node`: every peer shares this node, so the worker opens shared-memory
+  // transports only (unless UCX_TLS says otherwise).
+  static Status create(bool one_node, std::unique_ptr<Transport>* out);
   ~Transport();
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
