@@ -375,6 +375,7 @@ void Root::send_table() {
   WireWriter writer;
   for (const Blob& info : infos_) writer.put_blob(info);
   writer.put_string(own_description());  // whom the ranks' messages blame when the root stalls
+  writer.put_string(own_label_);         // whose death shrink cannot agree through
   for (int rank = 0; rank < nranks_; ++rank) send_to_rank(rank, kTable, writer.data());
   running_ = true;
   infos_.clear();
@@ -444,14 +445,6 @@ bool Root::handle_frame(Connection& connection, uint32_t type,
       return false;
   }
 }
-
-namespace {
-std::string rank_list(const std::vector<int32_t>& ranks) {
-  std::string text = "{";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
-  return text + "}";
-}
-}  // namespace
 
 bool Root::handle_calls(Connection& connection, const std::vector<uint8_t>& payload) {
   std::vector<CallRecord> calls;
@@ -803,7 +796,7 @@ Status Bootstrap::join(const RootAddress& root, int rank, int nranks, const Blob
   table->assign(nranks, Blob());
   for (Blob& entry : *table)
     if (!reader.get_blob(&entry)) return Error(weftRemoteError, "truncated bootstrap peer table");
-  if (!reader.get_string(&bootstrap->root_host_))
+  if (!reader.get_string(&bootstrap->root_host_) || !reader.get_string(&bootstrap->root_process_))
     return Error(weftRemoteError, "truncated bootstrap peer table");
 
   int pipe_fds[2];
@@ -931,10 +924,10 @@ Status Bootstrap::shrink(const std::vector<int32_t>& excluded, const Blob& data,
     std::lock_guard<std::mutex> lock(mutex_);
     if (lost_)
       return Error(weftRemoteError,
-                   "rank %d: cannot shrink: the bootstrap root (hosted by the rank that created "
-                   "the communicator, usually rank 0) is gone, and shrink agrees through it; make "
-                   "a new communicator over the survivors instead",
-                   rank_);
+                   "rank %d: cannot shrink: the bootstrap root, hosted by %s, is gone, and a "
+                   "shrink that keeps that process's ranks agrees through it: exclude them too, "
+                   "or make a new communicator over the survivors",
+                   rank_, root_host_.c_str());
   }
   WEFT_RETURN_IF_ERROR(
       send(kShrink, encode_shrink_request({next_shrink_++, excluded, data}), deadline));

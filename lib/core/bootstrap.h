@@ -88,6 +88,8 @@ class Bootstrap {
 
   // "rank R (host:pid)" of the process hosting the root.
   const std::string& root_host() const { return root_host_; }
+  // "host:pid" of the process hosting the root, as a rank's host and pid make it.
+  const std::string& root_process() const { return root_process_; }
 
   // How long to wait for the root's verdict after a wait of this rank ends.
   static constexpr int64_t kVerdictGraceMs = 500;
@@ -125,6 +127,7 @@ class Bootstrap {
   std::string failure_;
   // Who hosts the root, "rank R (host:pid)" (from the peer table), for messages blaming it.
   std::string root_host_;
+  std::string root_process_;
 };
 
 }  // namespace weft

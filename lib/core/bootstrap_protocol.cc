@@ -124,6 +124,12 @@ bool decode_shrink_request(const Blob& payload, int nranks, ShrinkRequest* out) 
   return reader.get_blob(&out->part);
 }
 
+std::string rank_list(const std::vector<int32_t>& ranks) {
+  std::string text = "{";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
+  return text + "}";
+}
+
 Blob encode_calls(const std::vector<CallRecord>& calls) {
   WireWriter writer;
   writer.put<uint32_t>(static_cast<uint32_t>(calls.size()));

@@ -108,6 +108,8 @@ struct ShrinkRequest {
 };
 Blob encode_shrink_request(const ShrinkRequest& request);
 bool decode_shrink_request(const Blob& payload, int nranks, ShrinkRequest* out);
+// "{2,3}": an exclusion list in messages.
+std::string rank_list(const std::vector<int32_t>& ranks);
 
 // kCalls: a rank's latest collectives on a communicator without shared segments (ranks on
 // several nodes), sent when it waits for one; the root compares them across ranks.

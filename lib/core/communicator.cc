@@ -606,13 +606,19 @@ Status Communicator::shrink(std::span<const int> exclude, const CommConfig& conf
   if (child.timeout_ms <= 0) child.timeout_ms = config_.timeout_ms;
   if (child.name.empty()) child.name = config_.name + "/shrunk";
   child.one_node = on_this_node(survivors, [](int peer) { return peer; });
-  Blob id_blob;
+  Blob id_blob, leader_id;
   if (new_rank == 0) WEFT_RETURN_IF_ERROR(start_child_root(child.timeout_ms, &id_blob));
-  std::vector<Blob> parts;
-  WEFT_RETURN_IF_ERROR(
-      bootstrap_->shrink(excluded, id_blob, &parts, deadline_after_ms(config_.timeout_ms)));
+  const Deadline deadline = deadline_after_ms(config_.timeout_ms);
+  if (root_excluded(excluded)) {
+    // The root's process is dead or stalled: the survivors agree among themselves.
+    WEFT_RETURN_IF_ERROR(agree_without_root(excluded, survivors, id_blob, &leader_id, deadline));
+  } else {
+    std::vector<Blob> parts;
+    WEFT_RETURN_IF_ERROR(bootstrap_->shrink(excluded, id_blob, &parts, deadline));
+    if (parts.size() == survivors.size()) leader_id = parts.front();
+  }
   RootAddress root;
-  if (parts.size() != survivors.size() || !root_from_blob(parts.front(), &root))
+  if (!root_from_blob(leader_id, &root))
     return Error(weftRemoteError, "shrink: no unique id from the new rank 0 (old rank %d)",
                  survivors.front());
   return Communicator::create(root, static_cast<int>(survivors.size()), new_rank, child, out);

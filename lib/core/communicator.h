@@ -219,6 +219,25 @@ class Communicator {
   CommTopology topology_;
   std::unique_ptr<ucx::Transport> transport_;
   std::unique_ptr<Bootstrap> bootstrap_;
+  // Shrink's agreement among `survivors` when the bootstrap root's process is excluded
+  // (shrink_agreement.cc): through the first survivor, over UCX; *leader_id gets the
+  // first survivor's `id_blob` (the shrunk communicator's unique id).
+  Status agree_without_root(const std::vector<int32_t>& excluded, const std::vector<int>& survivors,
+                            const Blob& id_blob, Blob* leader_id, Deadline deadline);
+  // Whether every rank of the process hosting the bootstrap root is in `excluded` (sorted),
+  // and there is such a rank.
+  bool root_excluded(const std::vector<int32_t>& excluded) const;
+  // Raw transfers of the agreement, waited for together.
+  struct Transfers {
+    std::vector<PendingOp> ops;
+    std::vector<bool> done;  // by op, for the posted ones
+    Status post(Communicator* comm, int peer, bool send, uint64_t salt, void* data, size_t bytes);
+    // Until all are done, one fails, or the deadline (then some stay not done).
+    Status await(Communicator* comm, Deadline deadline);
+    // Releases completed requests and abandons the others.
+    void finish(Communicator* comm);
+  };
+  uint64_t rootless_shrinks_ = 0;  // agreements without the root so far (their tags' salt)
   // Whether the ranks `rank_of` picks from `members` all share this rank's node.
   template <typename Range, typename RankOf>
   bool on_this_node(const Range& members, RankOf rank_of) const {

@@ -160,9 +160,18 @@ TEST(Shrink, AfterAStalledRankTimesOut) {
   close(release[1]);
 }
 
-// Shrink agrees through the parent's bootstrap root: when the root's host
-// (rank 0) dies, the survivors' shrink fails at once, saying why.
-TEST(Shrink, AfterTheRootHostDiedIsAClearError) {
+// Rank 0's process hosts the bootstrap root. When it dies, the survivors that exclude it
+// agree through the first of them, over their UCX workers: the shrink works as for any rank.
+TEST(Shrink, AfterTheRootHostDiedOf3) {
+  shrink_after_kill(3, 0);
+}
+TEST(Shrink, AfterTheRootHostDiedOf4) {
+  shrink_after_kill(4, 0);
+}
+
+// Keeping the dead root's host among the survivors cannot work (it cannot join): a clear
+// error at once, naming the root's host and what to do.
+TEST(Shrink, KeepingTheDeadRootHostIsAClearError) {
   const RunOptions options = victim_killed(3, 0);
   run_ranks(
       3,
@@ -173,18 +182,102 @@ TEST(Shrink, AfterTheRootHostDiedIsAClearError) {
         int32_t value = 1, sum = 0;
         EXPECT_EQ(weftAllReduce(&value, &sum, 1, weftInt32, weftSum, comm, nullptr),
                   weftRemoteError);
-        const int dead = 0;
         weftComm_t shrunk = nullptr;
         auto start = Clock::now();
-        EXPECT_EQ(weftCommShrink(comm, &dead, 1, &shrunk, nullptr, WEFT_SHRINK_DEFAULT),
+        EXPECT_EQ(weftCommShrink(comm, nullptr, 0, &shrunk, nullptr, WEFT_SHRINK_DEFAULT),
                   weftRemoteError);
         EXPECT_LT(seconds_since(start), kPromptSeconds);
         const std::string error = weftGetLastError(comm);
-        EXPECT_NE(error.find("cannot shrink: the bootstrap root"), std::string::npos) << error;
+        EXPECT_NE(error.find("cannot shrink: the bootstrap root, hosted by rank 0"),
+                  std::string::npos)
+            << error;
+        EXPECT_NE(error.find("exclude them too"), std::string::npos) << error;
         EXPECT_EQ(shrunk, nullptr);
         EXPECT_EQ(weftCommAbort(comm), weftSuccess);
       },
       options);
+}
+
+// Without the root, the first survivor compares the lists: survivors that disagree all fail,
+// naming both lists.
+TEST(Shrink, MismatchedListsWithoutTheRootFailEveryone) {
+  const RunOptions options = victim_killed(4, 0);
+  run_ranks(
+      4,
+      [](const RankContext& context) {
+        weftComm_t comm = init_comm(context, kLongTimeoutMs);
+        wait_for_tokens_then(comm, context.rank, context.nranks, 0);
+        if (context.rank == 0) raise(SIGKILL);
+        int32_t value = 1, sum = 0;
+        EXPECT_EQ(weftAllReduce(&value, &sum, 1, weftInt32, weftSum, comm, nullptr),
+                  weftRemoteError);
+        // Rank 3 also excludes rank 2, which does not: rank 1 answers both with the mismatch.
+        const std::vector<int> excluded =
+            context.rank == 3 ? std::vector<int>{0, 2} : std::vector<int>{0};
+        weftComm_t shrunk = nullptr;
+        auto start = Clock::now();
+        EXPECT_EQ(weftCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &shrunk,
+                                 nullptr, WEFT_SHRINK_DEFAULT),
+                  weftInvalidUsage);
+        EXPECT_LT(seconds_since(start), kPromptSeconds);
+        const std::string error = weftGetLastError(comm);
+        EXPECT_NE(error.find("rank 3 excludes ranks {0,2} while rank 1 excludes {0}"),
+                  std::string::npos)
+            << error;
+        EXPECT_EQ(shrunk, nullptr);
+        EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+      },
+      options);
+}
+
+// Without the root, a survivor outside the list that never calls (stalled) is named after
+// the timeout, on every survivor that did call, and excluding it too then works.
+TEST(Shrink, AStalledSurvivorWithoutTheRootIsNamedThenExcluded) {
+  constexpr int kTimeoutMs = 2000;
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  RunOptions options = victim_killed(4, 0);
+  run_ranks(
+      4,
+      [&release](const RankContext& context) {
+        weftComm_t comm = init_comm(context, kTimeoutMs);
+        wait_for_tokens_then(comm, context.rank, context.nranks, 0);
+        if (context.rank == 0) raise(SIGKILL);
+        int32_t value = 1, sum = 0;
+        EXPECT_EQ(weftAllReduce(&value, &sum, 1, weftInt32, weftSum, comm, nullptr),
+                  weftRemoteError);
+        if (context.rank == 3) {
+          char byte = 0;  // silent until the others have shrunk without it
+          EXPECT_EQ(read(release[0], &byte, 1), 1);
+          EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+          return;
+        }
+        const int dead = 0;
+        weftComm_t shrunk = nullptr;
+        auto start = Clock::now();
+        EXPECT_EQ(weftCommShrink(comm, &dead, 1, &shrunk, nullptr, WEFT_SHRINK_DEFAULT),
+                  weftTimeout);
+        EXPECT_LT(seconds_since(start), kTimeoutMs / 1000.0 + 2);
+        const std::string error = weftGetLastError(comm);
+        EXPECT_NE(error.find("rank 3 (outside excludeRanks) did not call weftCommShrink"),
+                  std::string::npos)
+            << error;
+        const int both[] = {0, 3};
+        ASSERT_EQ(weftCommShrink(comm, both, 2, &shrunk, nullptr, WEFT_SHRINK_DEFAULT), weftSuccess)
+            << weftGetLastError(comm);
+        int size = -1;
+        EXPECT_EQ(weftCommCount(shrunk, &size), weftSuccess);
+        EXPECT_EQ(size, 2);
+        expect_exact_collectives(shrunk);
+        EXPECT_EQ(weftCommDestroy(shrunk), weftSuccess);
+        if (context.rank == 1) {
+          EXPECT_EQ(write(release[1], "xx", 2), 2);
+        }
+        EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+      },
+      options);
+  close(release[0]);
+  close(release[1]);
 }
 
 // The demo: rank 2 of 4 dies inside an AllReduce loop; the survivors get an

@@ -286,7 +286,9 @@ int restore_newest(const Options& o, Trainer& model, const MeshPlan& plan, bool 
 }
 
 // The world rank whose death failed a step. Any call on the world then fails with the world
-// bootstrap root's verdict, "rank R (host:pid) died or lost its connection".
+// bootstrap root's verdict, "rank R (host:pid) died or lost its connection", or, when R hosted
+// the root, with "lost the connection to the bootstrap root (its host, rank R (host:pid),
+// died or left)".
 int dead_rank(const weft::Comm& world, const std::string& step_error) {
   std::string verdict;
   try {
@@ -295,7 +297,7 @@ int dead_rank(const weft::Comm& world, const std::string& step_error) {
     verdict = e.what();
   }
   std::smatch match;
-  static const std::regex died(R"(rank (\d+) \([^)]*\) died)");
+  static const std::regex died(R"(rank (\d+) \([^)]*\),? died)");
   if (!std::regex_search(verdict, match, died))
     throw std::runtime_error(
         "--shrink-on-failure: the step failed but no rank of the world died (" + step_error + ")");
@@ -368,8 +370,9 @@ int run(int argc, char** argv) {
 
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
+  bool shrunk = false;  // the debug victim is a rank of the world the run started with
   for (int step = first_step; step < config.steps; ++step) {
-    if (step + 1 == o.kill_step && world.rank() == o.kill_rank) raise(SIGKILL);
+    if (!shrunk && step + 1 == o.kill_step && world.rank() == o.kill_rank) raise(SIGKILL);
     try {
       losses.push_back(trainer->step(make_batch(config, step)));
       if (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0)
@@ -378,6 +381,7 @@ int run(int argc, char** argv) {
       // Every survivor fails in this step: each step's DP reduction spans the world.
       if (!o.shrink_on_failure) throw;
       first_step = go_on_without_the_dead(o, step + 1, e.what(), world, plan, trainer);
+      shrunk = true;
       losses.clear();
       step = first_step - 1;
     }
