@@ -160,6 +160,17 @@ TEST(Shrink, AfterAStalledRankTimesOut) {
   close(release[1]);
 }
 
+// Every rank but `victim` returns `comm` once `victim` died (SIGKILL) and an AllReduce on
+// it failed.
+weftComm_t comm_after_death_of(const RankContext& context, int victim, int timeout_ms) {
+  weftComm_t comm = init_comm(context, timeout_ms);
+  wait_for_tokens_then(comm, context.rank, context.nranks, victim);
+  if (context.rank == victim) raise(SIGKILL);
+  int32_t value = 1, sum = 0;
+  EXPECT_EQ(weftAllReduce(&value, &sum, 1, weftInt32, weftSum, comm, nullptr), weftRemoteError);
+  return comm;
+}
+
 // Rank 0's process hosts the bootstrap root. When it dies, the survivors that exclude it
 // agree through the first of them, over their UCX workers: the shrink works as for any rank.
 TEST(Shrink, AfterTheRootHostDiedOf3) {
@@ -176,12 +187,7 @@ TEST(Shrink, KeepingTheDeadRootHostIsAClearError) {
   run_ranks(
       3,
       [](const RankContext& context) {
-        weftComm_t comm = init_comm(context, kLongTimeoutMs);
-        wait_for_tokens_then(comm, context.rank, context.nranks, 0);
-        if (context.rank == 0) raise(SIGKILL);
-        int32_t value = 1, sum = 0;
-        EXPECT_EQ(weftAllReduce(&value, &sum, 1, weftInt32, weftSum, comm, nullptr),
-                  weftRemoteError);
+        weftComm_t comm = comm_after_death_of(context, 0, kLongTimeoutMs);
         weftComm_t shrunk = nullptr;
         auto start = Clock::now();
         EXPECT_EQ(weftCommShrink(comm, nullptr, 0, &shrunk, nullptr, WEFT_SHRINK_DEFAULT),
@@ -205,12 +211,7 @@ TEST(Shrink, MismatchedListsWithoutTheRootFailEveryone) {
   run_ranks(
       4,
       [](const RankContext& context) {
-        weftComm_t comm = init_comm(context, kLongTimeoutMs);
-        wait_for_tokens_then(comm, context.rank, context.nranks, 0);
-        if (context.rank == 0) raise(SIGKILL);
-        int32_t value = 1, sum = 0;
-        EXPECT_EQ(weftAllReduce(&value, &sum, 1, weftInt32, weftSum, comm, nullptr),
-                  weftRemoteError);
+        weftComm_t comm = comm_after_death_of(context, 0, kLongTimeoutMs);
         // Rank 3 also excludes rank 2, which does not: rank 1 answers both with the mismatch.
         const std::vector<int> excluded =
             context.rank == 3 ? std::vector<int>{0, 2} : std::vector<int>{0};
@@ -240,12 +241,7 @@ TEST(Shrink, AStalledSurvivorWithoutTheRootIsNamedThenExcluded) {
   run_ranks(
       4,
       [&release](const RankContext& context) {
-        weftComm_t comm = init_comm(context, kTimeoutMs);
-        wait_for_tokens_then(comm, context.rank, context.nranks, 0);
-        if (context.rank == 0) raise(SIGKILL);
-        int32_t value = 1, sum = 0;
-        EXPECT_EQ(weftAllReduce(&value, &sum, 1, weftInt32, weftSum, comm, nullptr),
-                  weftRemoteError);
+        weftComm_t comm = comm_after_death_of(context, 0, kTimeoutMs);
         if (context.rank == 3) {
           char byte = 0;  // silent until the others have shrunk without it
           EXPECT_EQ(read(release[0], &byte, 1), 1);
