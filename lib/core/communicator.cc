@@ -535,6 +535,16 @@ void Communicator::peer_left(int peer, const std::string& label,
   if (!conflict.empty()) record_failure(weftRemoteError, conflict);
 }
 
+bool Communicator::peer_left_after(int peer, TagKind kind, uint64_t sequence) const {
+  if (!has_departures()) return false;
+  std::lock_guard<std::mutex> lock(departures_mutex_);
+  if (static_cast<size_t>(peer) >= departures_.size() || !departures_[peer]) return false;
+  const Departure& gone = *departures_[peer];
+  // A clean leaver finished everything it launched (destroy waits for its work).
+  return kind == TagKind::Collective ? gone.collectives > sequence
+                                     : gone.received_from_me > sequence;
+}
+
 std::string Communicator::departure_conflict(int peer) const {
   const Departure& gone = *departures_[peer];
   std::string who = gone.label + " left the communicator (finalize or destroy)";

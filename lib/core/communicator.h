@@ -162,6 +162,9 @@ class Communicator {
   // Whether a peer has left (after a seq_cst fence that follows the launch's
   // sequence numbers, so that peer_left either sees them or is seen).
   bool has_departures() const { return any_departure_.load(std::memory_order_relaxed); }
+  // Whether `peer` has left after finishing the call of this rank's message `sequence` to it
+  // (a collective's sequence, or the index of a point-to-point send to it).
+  bool peer_left_after(int peer, TagKind kind, uint64_t sequence) const;
   // Fails the communicator if work just numbered needs a peer that left before it.
   Status check_departures();
   // The collective just numbered (a static name), for departure messages.

@@ -444,6 +444,27 @@ void JobRunner::check_mismatches() {
   }
 }
 
+bool JobRunner::settle_sends_to_departed() {
+  bool settled = false;
+  for (size_t i = 0; i < in_flight_.size();) {
+    InFlight& entry = in_flight_[i];
+    const Job& job = jobs_[entry.job];
+    const uint64_t sequence =
+        job.tag_kind == TagKind::Collective ? job.sequence : job.sequence_base;
+    if (!entry.op.is_send || !job.comm->peer_left_after(entry.op.peer, job.tag_kind, sequence)) {
+      ++i;
+      continue;
+    }
+    entry.op.comm->abandon(entry.op.request);
+    const uint32_t finished = entry.job, step = entry.step;
+    in_flight_[i] = in_flight_.back();
+    in_flight_.pop_back();
+    complete_step(finished, step);
+    settled = true;
+  }
+  return settled;
+}
+
 void assign_direct_tickets(std::span<Job> jobs) {
   for (Job& job : jobs)
     if (job.direct != nullptr) job.direct_ticket = job.comm->direct()->issue_ticket();
@@ -469,6 +490,7 @@ Status run_jobs(std::span<Job> jobs) {
       loop.progressed();
       continue;
     }
+    if (runner.settle_sends_to_departed()) continue;  // progress: the next advance sees it
     Clock::time_point now = Clock::now();
     if (!deadline) deadline = now + std::chrono::milliseconds(runner.timeout_ms());
     if (now >= *deadline) {

@@ -136,6 +136,11 @@ class JobRunner {
   bool done() const { return unfinished_jobs_ == 0; }
   // Gives up: in-flight transfers are abandoned.
   void abandon();
+  // Counts as done the sends in flight to a peer that has left after finishing the call they
+  // belong to (it received them); true if there were any. UCX may never report them complete:
+  // a rendezvous send waits for the receiver's acknowledgement, which a receiver that went on
+  // and exited may take with it.
+  bool settle_sends_to_departed();
   // Communicators involved, the strictest timeout among them, and what is in
   // flight (for timeout messages).
   const std::vector<Communicator*>& comms() const { return comms_; }
