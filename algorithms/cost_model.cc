@@ -163,8 +163,9 @@ bool predict(const Params& params, uint64_t element_size, const CostNetwork& net
 
   // Events in time order: a step becoming ready (index < total), or a port
   // falling free (total + port). Ports are each rank's send port (0..n-1)
-  // and compute (n..2n-1); a step finding its port busy queues there, first
-  // come first served, and starts when the port frees.
+  // and compute (n..2n-1), which also carries its sends over links its core
+  // copies; a step finding its port busy queues there, first come first
+  // served, and starts when the port frees.
   std::vector<double> ready(total, 0.0), port_free(2 * static_cast<size_t>(n), 0.0);
   std::vector<double> recv_free(n, 0.0);
   std::vector<std::vector<uint32_t>> waiting(2 * static_cast<size_t>(n));
@@ -179,7 +180,8 @@ bool predict(const Params& params, uint64_t element_size, const CostNetwork& net
   };
   auto port_of = [&](const TimedStep& step) -> int64_t {
     if (step.kind == StepKind::Recv) return -1;
-    return step.kind == StepKind::Send ? step.rank : int64_t{n} + step.rank;
+    const bool on_core = step.kind != StepKind::Send || network.copied_by_cpu(step.rank, step.peer);
+    return on_core ? int64_t{n} + step.rank : step.rank;
   };
   uint32_t done_steps = 0;
   double finish = 0;

@@ -34,9 +34,17 @@ struct CostNetwork {
   // (latency) and the copies into and reads from staging (throughput).
   LinkTime direct{0.2, 20};
   uint64_t max_steps = uint64_t{4} << 20;  // programs larger in all are refused (memory)
+  // Link classes (a bit per class) whose transfers are copies made by the ranks' own cores
+  // (UCX through shared memory): a send there takes the sender's compute port, so it does
+  // not overlap that rank's reductions and copies.
+  uint32_t cpu_copied_classes = 0;
 
-  const LinkTime& link(int from, int to) const {
-    return classes[pair_class.empty() ? 0 : pair_class[static_cast<size_t>(from) * nranks + to]];
+  int link_class(int from, int to) const {
+    return pair_class.empty() ? 0 : pair_class[static_cast<size_t>(from) * nranks + to];
+  }
+  const LinkTime& link(int from, int to) const { return classes[link_class(from, to)]; }
+  bool copied_by_cpu(int from, int to) const {
+    return (cpu_copied_classes >> link_class(from, to)) & 1;
   }
   // Every pair on one link class.
   static CostNetwork uniform(int nranks, LinkTime link, LinkTime memory);

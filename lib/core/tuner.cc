@@ -242,6 +242,10 @@ Tuner::Tuner(TuneContext context) : context_(std::move(context)) {
   for (const topo::LinkCost& cost : context_.links)
     network_.classes.push_back(Calibration::sliced({cost.latency_us, cost.bandwidth_gb_s}, share,
                                                    context_.slice_latency_us));
+  // UCX moves a node's messages through shared memory with the ranks' own cores.
+  if (context_.cached_links)
+    for (topo::LinkClass link : kNodeLinks)
+      network_.cpu_copied_classes |= 1u << static_cast<int>(link);
   if (context_.cached_links && share > 1)
     for (topo::LinkClass link : kNodeLinks) {
       const topo::LinkCost& cost = context_.links[static_cast<int>(link)];

@@ -72,6 +72,24 @@ TEST(CostModel, SenderPortSerialisesMessages) {
   EXPECT_LE(got, (n - 1) * link.time_us(piece) + 1e-9);
 }
 
+TEST(CostModel, CopiesByTheCoreDoNotOverlapItsReductions) {
+  // A pipelined 2-rank ring AllReduce: each rank sends S/2 (reduce-scatter) and S/2
+  // (all-gather) and reduces S/2. Over a link its core copies, those take turns on the one
+  // core; over a NIC the sends overlap the reductions.
+  const LinkTime link{1, 8};
+  const LinkTime memory{0.2, 12};
+  const uint64_t count = 1 << 20;
+  const double half = 4.0 * count / 2;
+  CostNetwork network = CostNetwork::uniform(2, link, memory);
+  const double overlapped =
+      predicted(Collective::AllReduce, Algorithm::Ring, 2, count, network, count / 16);
+  network.cpu_copied_classes = 1;
+  const double serial =
+      predicted(Collective::AllReduce, Algorithm::Ring, 2, count, network, count / 16);
+  EXPECT_GE(serial, 2 * link.transfer_us(half) + memory.transfer_us(half));
+  EXPECT_LT(overlapped, serial - 0.5 * memory.transfer_us(half));
+}
+
 TEST(CostModel, SlowLinkDominatesRing) {
   // One slow pair on the ring slows every step of a ring all-reduce.
   const int n = 8;
@@ -115,10 +133,8 @@ TEST(CostModel, DirectAlgorithmsHaveClosedForms) {
   const double staging = memory.latency_us + shm.transfer_us(bytes);
   EXPECT_NEAR(predicted(Collective::AllReduce, Algorithm::OneShot, n, count, network),
               staging + shm.latency_us + (n - 1) * shm.transfer_us(bytes), 1e-6);
-  EXPECT_NEAR(
-      predicted(Collective::AllReduce, Algorithm::TwoShot, n, count, network),
-      staging + 2 * shm.latency_us + 2.0 * (n - 1) / n * shm.transfer_us(bytes),
-      1e-6);
+  EXPECT_NEAR(predicted(Collective::AllReduce, Algorithm::TwoShot, n, count, network),
+              staging + 2 * shm.latency_us + 2.0 * (n - 1) / n * shm.transfer_us(bytes), 1e-6);
   // Broadcast: only the root's vector is read, once by every other rank.
   EXPECT_NEAR(predicted(Collective::Broadcast, Algorithm::OneShot, n, count, network),
               staging + shm.latency_us + shm.transfer_us(bytes), 1e-6);
