@@ -223,7 +223,11 @@ Communicator::~Communicator() {
   device_.reset();
   bootstrap_.reset();
   const weftResult_t failure = failed_code_.load(std::memory_order_acquire);
-  if (failure != weftSuccess && failure != weftInvalidUsage && failure != weftInvalidArgument) {
+  // Also kept: a transport whose worker UCX still holds requests in (sends settled because
+  // their receiver left: their acknowledgements will never come), which destroying it would
+  // report as leaked.
+  if ((failure != weftSuccess && failure != weftInvalidUsage && failure != weftInvalidArgument) ||
+      (transport_ && transport_->holds_abandoned())) {
     // A timeout or a peer's failure may come with an unreachable peer, and
     // tearing down UCX endpoints to one can block in the kernel for minutes
     // (a TCP send into a full buffer), while destroy and abort must return

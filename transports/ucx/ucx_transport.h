@@ -61,6 +61,9 @@ class Transport {
   void abandon(Request* request);
   // Closes endpoints: flushed (bounded by timeout_ms) or forced.
   void close_endpoints(bool force, int64_t timeout_ms);
+  // Whether UCX still holds requests this side gave up on (their completion may never come:
+  // a rendezvous send to a peer that left).
+  bool holds_abandoned() const { return abandoned_ > 0; }
 
  private:
   Transport() = default;
