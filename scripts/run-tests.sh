@@ -65,7 +65,7 @@ if [[ ${WEFT_SANITIZERS:-1} == 1 ]]; then
   # discovery. Weft uses neither the OpenCL nor the GL plugin (GPUs and NICs come
   # from PCI), so the sanitizer runs keep hwloc from loading them.
   HWLOC_PLUGINS_BLACKLIST=hwloc_opencl,hwloc_gl \
-    LSAN_OPTIONS=suppressions=$PWD/scripts/lsan-ucx.supp \
+    LSAN_OPTIONS=suppressions=$PWD/scripts/lsan-ucx.supp:print_suppressions=0 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900
 
   # TSan: the suites where threads meet (progress thread, control threads, user threads).
