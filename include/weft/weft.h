@@ -171,7 +171,10 @@ WEFT_API weftResult_t weftCommRevoke(weftComm_t comm);
  * rank's call returns weftInvalidUsage. config NULL inherits comm's. */
 WEFT_API weftResult_t weftCommShrink(weftComm_t comm, const int* excludeRanks, int nExclude,
                                      weftComm_t* newcomm, weftConfig_t* config, int shrinkFlags);
-/* weftSuccess while healthy; otherwise the error that failed the communicator. */
+/* weftSuccess while healthy; otherwise the error that failed the communicator,
+ * and weftGetLastError then says why. Asked after a call completed (its
+ * stream synchronised), it includes the failure notices that had reached this
+ * rank by then: a peer's failure that let the call complete is reported. */
 WEFT_API weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* asyncError);
 /* Weft extension: the algorithm the tuner chose for the last collective
  * launched on comm ("" before the first; a static string) and, if

@@ -546,7 +546,10 @@ weftResult_t weftCommGetAsyncError(weftComm_t comm, weftResult_t* async_error) {
     weft::Communicator* impl = nullptr;
     WEFT_RETURN_IF_ERROR(weft::resolve_comm(comm, &impl));
     WEFT_RETURN_IF_ERROR(check_out_pointer(async_error, "asyncError"));
-    *async_error = impl->async_error();
+    *async_error = impl->settled_async_error();
+    // Why, for weftGetLastError (NCCL's watchdog users print it next).
+    if (*async_error != weftSuccess)
+      weft::set_last_error("weftCommGetAsyncError: " + impl->failure().message());
     return Status::Ok();
   };
   return report(run(), __func__);

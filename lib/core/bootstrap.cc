@@ -121,7 +121,9 @@ class Root {
   // would only learn that the root is gone).
   std::vector<int> joined_ranks_others_first() const;
   // Tells every rank (but the failed one, unless `to_it_too`) that `failed_rank` failed.
-  void broadcast_failure(int failed_rank, const std::string& message, bool to_it_too = false);
+  // To every joined rank (but failed_rank, unless to_it_too), those in `last` after the others.
+  void broadcast_failure(int failed_rank, const std::string& message, bool to_it_too = false,
+                         const std::vector<int>& last = {});
   void send_table();
   bool handle_shrink(Connection& connection, const std::vector<uint8_t>& payload);
 
@@ -572,8 +574,12 @@ void Root::send_timeout_verdict() {
                                                   [&](int32_t rank) { return !reported(rank); });
                              });
   if (blamed == timeout_reports_.end()) blamed = timeout_reports_.begin();
-  // To every rank, the reporters too: it is their verdict.
-  broadcast_failure(blamed->rank, blamed->message, true);
+  // To every rank, the reporters too (it is their verdict), and to them last: a reporter
+  // releases its GPU queue on reading it, and what that queue then signals must not complete
+  // a peer's call before the verdict has reached that peer.
+  std::vector<int> reporters;
+  for (const TimeoutReport& report : timeout_reports_) reporters.push_back(report.rank);
+  broadcast_failure(blamed->rank, blamed->message, true, reporters);
   verdict_sent_ = true;
   timeout_reports_.clear();
 }
@@ -588,13 +594,17 @@ void Root::send_to_rank(int rank, uint32_t type, const std::vector<uint8_t>& pay
              status.message().c_str());
 }
 
-void Root::broadcast_failure(int failed_rank, const std::string& message, bool to_it_too) {
+void Root::broadcast_failure(int failed_rank, const std::string& message, bool to_it_too,
+                             const std::vector<int>& last) {
   WEFT_LOG(WARN, BOOTSTRAP, "bootstrap root: %s", message.c_str());
   WireWriter writer;
   writer.put<int32_t>(failed_rank);
   writer.put_string(message);
-  for (int rank : joined_ranks_others_first())
-    if (rank != failed_rank || to_it_too) send_to_rank(rank, kPeerFailed, writer.data());
+  for (bool lasting : {false, true})
+    for (int rank : joined_ranks_others_first())
+      if ((rank != failed_rank || to_it_too) &&
+          (std::find(last.begin(), last.end(), rank) != last.end()) == lasting)
+        send_to_rank(rank, kPeerFailed, writer.data());
 }
 
 std::vector<int> Root::joined_ranks_others_first() const {
@@ -821,6 +831,21 @@ void Bootstrap::control_loop() {
     int ready = poll(fds, 2, -1);
     if (ready < 0 && errno == EINTR) continue;
     if (fds[1].revents != 0) return;  // leaving
+    // Marked before the frame leaves the socket, so that settle_notices never sees neither.
+    struct Handling {
+      Bootstrap* self;
+      explicit Handling(Bootstrap* bootstrap) : self(bootstrap) {
+        std::lock_guard<std::mutex> lock(self->mutex_);
+        self->handling_ = true;
+      }
+      ~Handling() {
+        {
+          std::lock_guard<std::mutex> lock(self->mutex_);
+          self->handling_ = false;
+        }
+        self->ready_.notify_all();
+      }
+    } handling(this);
     uint32_t type = 0;
     std::vector<uint8_t> payload;
     Status status = recv_frame(socket_.get(), &type, &payload, deadline_after_ms(60000));
@@ -865,6 +890,17 @@ void Bootstrap::control_loop() {
       on_departure_(peer, label, goodbye);
     }
   }
+}
+
+void Bootstrap::settle_notices(Deadline deadline) {
+  auto settled = [&] {
+    if (lost_ || leaving_ || !control_thread_.joinable()) return true;
+    // Unread bytes first, then the mark: a frame taken off in between is still marked.
+    pollfd unread{socket_.get(), POLLIN, 0};
+    return poll(&unread, 1, 0) == 0 && !handling_;
+  };
+  std::unique_lock<std::mutex> lock(mutex_);
+  ready_.wait_until(lock, deadline, settled);
 }
 
 Status Bootstrap::send(uint32_t type, const Blob& payload, Deadline deadline) {

@@ -94,6 +94,10 @@ class Bootstrap {
   // How long to wait for the root's verdict after a wait of this rank ends.
   static constexpr int64_t kVerdictGraceMs = 500;
 
+  // Returns once the control thread has handled every notice that had reached this rank when
+  // called (a peer's failure, the root's verdict), or at `deadline`.
+  void settle_notices(Deadline deadline);
+
   // Leaves the control plane: a goodbye carrying `goodbye` (clean), passed on
   // to every peer, or an abort notice; then closes.
   void leave(bool clean, const Blob& goodbye);
@@ -123,6 +127,8 @@ class Bootstrap {
   std::deque<Blob> shrink_results_;
   bool lost_ = false;
   bool leaving_ = false;
+  // The control thread has taken a frame off the socket and not yet handled it.
+  bool handling_ = false;
   // Why the control plane failed (a peer, the root, the connection): what allgathers return.
   std::string failure_;
   // Who hosts the root, "rank R (host:pid)" (from the peer table), for messages blaming it.

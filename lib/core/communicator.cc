@@ -311,6 +311,12 @@ void Communicator::fail(weftResult_t code, const std::string& message) {
   record_failure(code, message);
 }
 
+weftResult_t Communicator::settled_async_error() {
+  if (async_error() == weftSuccess && bootstrap_)
+    bootstrap_->settle_notices(deadline_after_ms(Bootstrap::kVerdictGraceMs));
+  return async_error();
+}
+
 Status Communicator::failure() const {
   std::lock_guard<std::mutex> lock(failure_mutex_);
   return Status(failed_code_.load(std::memory_order_acquire), failed_message_);

@@ -113,6 +113,11 @@ class Communicator {
   }
   // weftSuccess, or the error that failed the communicator.
   weftResult_t async_error() const { return failed_code_.load(std::memory_order_acquire); }
+  // async_error() once the notices that had reached this rank are handled. A failed peer
+  // releases its GPU waits, and its queue then runs on and signals this rank: a call here can
+  // complete from that before the root's verdict, already sent here, is read; asked after
+  // the call, this includes the verdict.
+  weftResult_t settled_async_error();
   // Marks the communicator failed (first cause wins) and wakes every wait.
   // A timeout found here is also sent to every peer (through the bootstrap
   // root), so that none of them waits out a second timeout of its own; and

@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -108,13 +110,17 @@ void exercise(const tools::CudaDriver& d, ncclComm_t comm, int rank, int n, bool
   d.stream_destroy(cuda_stream);
 }
 
-class NcclGpu : public ::testing::TestWithParam<int> {
+// Skips without a GPU (or the emulated driver).
+template <typename Base>
+class OnGpu : public Base {
  protected:
   void SetUp() override {
     std::string why;
     if (!gpu_present(&why)) GTEST_SKIP() << why;
   }
 };
+using NcclGpu = OnGpu<::testing::TestWithParam<int>>;
+using NcclGpuErrors = OnGpu<::testing::Test>;
 
 TEST_P(NcclGpu, RanksAsProcesses) {
   // Rank 0's process makes the id (Weft's and NCCL's are the same 128 bytes), so that no
@@ -162,6 +168,54 @@ TEST_P(NcclGpu, RanksAsThreadsOnOneGpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, NcclGpu, ::testing::Values(1, 2, 3));
+
+// A rank that stops (SIGSTOP) after init: the others' collective returns at once (it is
+// queued), and ncclCommGetAsyncError, which PyTorch's watchdog polls, turns to an error naming
+// that rank within the timeout; ncclCommAbort then drains the stream instead of leaving it hung.
+TEST_F(NcclGpuErrors, AStalledPeerIsAnAsyncError) {
+  constexpr int kTimeoutMs = 2000;
+  RunOptions options;
+  options.expected = {{}, {}, {0, SIGKILL}};
+  options.kill_after_others = {2};
+  options.timeout_s = 60;
+  options.env = {{"WEFT_TIMEOUT_MS", "2000"}};  // kTimeoutMs
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        std::string why;
+        const tools::CudaDriver* d = use_gpu(0, &why);
+        ASSERT_NE(d, nullptr) << why;
+        ncclUniqueId id;
+        memcpy(&id, &context.id, sizeof(id));
+        ncclComm_t comm = nullptr;
+        NCCL_OK(ncclCommInitRank(&comm, context.nranks, id, context.rank));
+        void* buffer = nullptr;
+        NCCL_OK(ncclMemAlloc(&buffer, 1 << 16));
+        void* cuda_stream = nullptr;
+        ASSERT_EQ(d->stream_create(&cuda_stream, 1), 0);
+        auto stream = static_cast<cudaStream_t>(cuda_stream);
+        NCCL_OK(ncclAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+        ASSERT_EQ(d->stream_synchronize(stream), 0);
+        if (context.rank == 2) raise(SIGSTOP);
+        const auto start = std::chrono::steady_clock::now();
+        NCCL_OK(ncclAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+        // The watchdog's loop: the error is asynchronous, so it is asked for until it comes.
+        ncclResult_t async = ncclSuccess;
+        while (async == ncclSuccess && std::chrono::steady_clock::now() - start <
+                                           std::chrono::milliseconds(kTimeoutMs + 5000)) {
+          NCCL_OK(ncclCommGetAsyncError(comm, &async));
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        EXPECT_EQ(async, ncclRemoteError);
+        EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 2"), std::string::npos)
+            << ncclGetLastError(nullptr);
+        NCCL_OK(ncclCommAbort(comm));
+        EXPECT_EQ(d->stream_synchronize(stream), 0);  // drained, not hung
+        NCCL_OK(ncclMemFree(buffer));
+        d->stream_destroy(cuda_stream);
+      },
+      options);
+}
 
 }  // namespace
 }  // namespace weft::testing

@@ -410,6 +410,15 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) 
     return record(ncclInvalidArgument, __func__, "comm is not a communicator");
   if (async_error == nullptr) return record(ncclInvalidArgument, __func__, "asyncError is NULL");
   CommState& state = *comm->state;
+  if (state.status.load(std::memory_order_acquire) == ncclSuccess) {
+    // Weft's communicator fails on its own (a timeout, a dead peer), not only in a call: the
+    // watchdog that polls here must see it. An abort or destroy in progress holds `use`.
+    std::shared_lock<std::shared_mutex> use(state.use, std::try_to_lock);
+    weftResult_t failed = weftSuccess;
+    if (use.owns_lock() && state.weft != nullptr &&
+        weftCommGetAsyncError(state.weft, &failed) == weftSuccess && failed != weftSuccess)
+      state.settle(to_nccl(failed), weftGetLastError(nullptr));
+  }
   *async_error = state.status.load(std::memory_order_acquire);
   if (*async_error != ncclSuccess && *async_error != ncclInProgress) {
     std::lock_guard<std::mutex> lock(state.mutex);
