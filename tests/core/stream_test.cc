@@ -226,6 +226,10 @@ TEST(Streams, DeadPeerFailsEverythingQueued) {
         weftResult_t async_error = weftSuccess;
         EXPECT_EQ(weftCommGetAsyncError(comm, &async_error), weftSuccess);
         EXPECT_EQ(async_error, weftRemoteError);
+        // ... and says why: the dead rank, by name.
+        const std::string why = weftGetLastError(nullptr);
+        EXPECT_EQ(why.rfind("weftCommGetAsyncError: ", 0), 0u) << why;
+        EXPECT_NE(why.find("rank 1"), std::string::npos) << why;
         EXPECT_EQ(weftStreamDestroy(stream), weftRemoteError);  // drained, reporting the failure
         EXPECT_EQ(weftCommAbort(comm), weftSuccess);
       },
