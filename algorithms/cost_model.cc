@@ -28,12 +28,35 @@ uint64_t pair_key(int from, int to) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(from)) << 32) | static_cast<uint32_t>(to);
 }
 
+// Direct one-shot calls that read the peers' buffers in place (CostNetwork::single_copy):
+// an offer and a done word (two synchronisations), then per rank one read of each peer's
+// block and, for AllGather and AllToAll, the copy of its own block.
+bool reads_in_place(const Params& params, uint64_t element_size, const CostNetwork& network) {
+  const bool copies_only = params.collective == Collective::AllGather ||
+                           params.collective == Collective::Broadcast ||
+                           params.collective == Collective::AllToAll;
+  return copies_only && params.algorithm == Algorithm::OneShot && network.single_copy_bytes != 0 &&
+         params.count * element_size >= network.single_copy_bytes;
+}
+
+double single_copy_time(const Params& params, uint64_t element_size, const CostNetwork& network) {
+  const double piece = static_cast<double>(params.count * element_size);
+  // Every rank but a Broadcast's root reads alike.
+  const double slowest = params.collective == Collective::Broadcast
+                             ? network.single_copy.time_us(piece)
+                             : network.memory.transfer_us(piece) +
+                                   (params.nranks - 1) * network.single_copy.time_us(piece);
+  return 2 * network.direct.latency_us + slowest;
+}
+
 // Direct algorithms: every rank copies its input into a staging buffer the
 // node shares, the ranks synchronise (one latency), then each reads what it
 // needs from the peers' staging buffers (reductions fused with the reads).
 // One-shot reads everything at once; two-shot reduces one n-th of the
 // vector per rank, synchronises again and then gathers the reduced n-ths.
 double direct_time(const Params& params, uint64_t element_size, const CostNetwork& network) {
+  if (reads_in_place(params, element_size, network))
+    return single_copy_time(params, element_size, network);
   const int n = params.nranks;
   const double piece = static_cast<double>(params.count * element_size);
   double staging = 0, latency = 0, reading = 0;

@@ -33,6 +33,12 @@ struct CostNetwork {
   // Direct algorithms: one synchronisation through the node's shared memory
   // (latency) and the copies into and reads from staging (throughput).
   LinkTime direct{0.2, 20};
+  // Direct one-shot AllGather, Broadcast and AllToAll blocks of at least
+  // single_copy_bytes (0: never) are read straight out of the peers' buffers
+  // (cross-memory attach): no staging copy, a second synchronisation (the
+  // readers tell the owner they are done), each peer's block one read.
+  LinkTime single_copy{1.0, 12};
+  uint64_t single_copy_bytes = 0;
   uint64_t max_steps = uint64_t{4} << 20;  // programs larger in all are refused (memory)
   // Link classes (a bit per class) whose transfers are copies made by the ranks' own cores
   // (UCX through shared memory): a send there takes the sender's compute port, so it does

@@ -6,7 +6,8 @@
       WEFT_TUNER_FILE (lib/core/calibration.h): per-call overhead and copy
       throughput from memory and from the cache (1 rank), UCX latency and
       bandwidth (2-rank sendrecv), the direct path's synchronisation and
-      throughput (2-rank one-shot AllReduce), the cores and the slice
+      throughput (2-rank one-shot AllReduce), a read of a peer's buffer by
+      cross-memory attach (2-rank one-shot Broadcast), the cores and the slice
       latencies and UCX throughput of oversubscribed ranks (sendrecv and
       one-shot AllReduce on twice as many ranks as cores).
   calibrate.py table BUILD [--tuner-file FILE] [--ranks 1,2,4,8] [--repeats R]
@@ -114,6 +115,12 @@ def measure(args):
     direct = run(2, "allreduce", 8, 16 << 20, 2, env={"WEFT_ALGO": "allreduce:oneshot"})
     direct_latency = max(0.05, direct[8][0] - memory_overhead)
     direct_bw = bandwidth(out_of_cache(direct), 2, "direct")
+    # Two ranks, Broadcast read by cross-memory attach at every size: offer, one read of
+    # the root's buffer, done word (two synchronisations).
+    single = run(2, "broadcast", 8, 16 << 20, 2,
+                 env={"WEFT_ALGO": "broadcast:oneshot", "WEFT_SHM_CMA_BYTES": "1"})
+    single_latency = max(0.05, single[8][0] - 2 * direct_latency)
+    single_bw = bandwidth(out_of_cache(single), 1, "cross-memory attach")
     # Twice as many ranks as cores: every rank gets half the time; what a
     # message or a direct synchronisation costs beyond that is the wait for
     # a peer's time slice.
@@ -136,7 +143,9 @@ def measure(args):
                        ("memory_bandwidth_gb_s", memory_bw), ("cache_bytes", cache_bytes),
                        ("cache_bandwidth_gb_s", cache_bw), ("link_latency_us", link_latency),
                        ("link_bandwidth_gb_s", link_bw), ("direct_latency_us", direct_latency),
-                       ("direct_bandwidth_gb_s", direct_bw), ("cores", cores),
+                       ("direct_bandwidth_gb_s", direct_bw),
+                       ("single_copy_latency_us", single_latency),
+                       ("single_copy_bandwidth_gb_s", single_bw), ("cores", cores),
                        ("slice_latency_us", slice_latency),
                        ("direct_slice_latency_us", direct_slice_latency),
                        ("sliced_link_bandwidth_gb_s", sliced_link_bw)]:

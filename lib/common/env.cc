@@ -97,11 +97,11 @@ constexpr EnvVar kEnvTable[] = {
      "(POSIX-fd handles where every rank's GPU offers them, else legacy CUDA IPC), posix-fd, or "
      "legacy. Ranks that are threads of one process use plain pointers.",
      EnvKind::kChoice, 0, UINT64_MAX, "auto|posix-fd|legacy"},
-    {"WEFT_SHM_CMA_BYTES", "0",
+    {"WEFT_SHM_CMA_BYTES", "",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
      "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "
-     "copy); smaller ones are staged. 0 (the default: slower than staging where measured) disables "
-     "it.",
+     "copy); smaller ones are staged. 0 disables it. Unset: 8K, or off when the node's ranks "
+     "outnumber its cores (staging was faster there).",
      EnvKind::kBytes},
 };
 }  // namespace
@@ -295,6 +295,8 @@ void check_environment() {
       env_value(var.name);
     } else if (var.kind == EnvKind::kInt) {
       env_value_if_set(var.name, "nothing (it is informational)");
+    } else if (var.kind == EnvKind::kBytes) {
+      env_value_if_set(var.name, "the default");
     }
     // Text and paths are checked where they are used; WEFT_REDUCE_ISA where the
     // kernels are chosen, which knows what it falls back to.

@@ -25,6 +25,8 @@ double* field_of(Calibration* c, std::string_view key, bool* zero_ok) {
   if (key == "memory_bandwidth_gb_s") return &c->memory.bandwidth_gb_s;
   if (key == "direct_latency_us") return *zero_ok = true, &c->direct.latency_us;
   if (key == "direct_bandwidth_gb_s") return &c->direct.bandwidth_gb_s;
+  if (key == "single_copy_latency_us") return *zero_ok = true, &c->single_copy.latency_us;
+  if (key == "single_copy_bandwidth_gb_s") return &c->single_copy.bandwidth_gb_s;
   if (key == "slice_latency_us") return *zero_ok = true, &c->slice_latency_us;
   if (key == "direct_slice_latency_us") return *zero_ok = true, &c->direct_slice_latency_us;
   if (key == "sliced_link_bandwidth_gb_s") return *zero_ok = true, &c->sliced_link_bandwidth_gb_s;
@@ -35,7 +37,8 @@ double* field_of(Calibration* c, std::string_view key, bool* zero_ok) {
 
 constexpr const char* kKeys =
     "call_us, link_latency_us, link_bandwidth_gb_s, memory_overhead_us, memory_bandwidth_gb_s, "
-    "direct_latency_us, direct_bandwidth_gb_s, cores, slice_latency_us, "
+    "direct_latency_us, direct_bandwidth_gb_s, single_copy_latency_us, "
+    "single_copy_bandwidth_gb_s, cores, slice_latency_us, "
     "direct_slice_latency_us, sliced_link_bandwidth_gb_s, cache_bytes, cache_bandwidth_gb_s";
 
 }  // namespace

@@ -31,6 +31,9 @@ struct Calibration {
   algo::LinkTime memory{0.2, 13.9};
   // Direct algorithms: one synchronisation, staging throughput.
   algo::LinkTime direct{0.25, 8.8};
+  // Direct reads of a peer's buffer by cross-memory attach: per read (the
+  // system call), throughput.
+  algo::LinkTime single_copy{1.1, 9.8};
   // Calls whose larger buffer per rank is up to cache_bytes run their copies
   // (memory, direct, and the node's links) from the cache at
   // cache_bandwidth_gb_s instead of memory_bandwidth; a larger call's first

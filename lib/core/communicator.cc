@@ -181,7 +181,7 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   Bootstrap* bootstrap = comm->bootstrap_.get();
   Deadline deadline = deadline_after_ms(comm->config_.timeout_ms);
   WEFT_RETURN_IF_ERROR(comm->direct_->init(
-      rank, nranks, local_ranks == nranks,
+      rank, nranks, local_ranks == nranks, comm->oversubscribed_,
       [&](const Blob& mine, std::vector<Blob>* all) {
         return bootstrap->allgather(mine, all, deadline);
       },
@@ -198,8 +198,10 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
       nranks > 1 && !comm->direct_->shared() && comm->direct_->check() != CheckMode::Off;
   Calibration machine;
   WEFT_RETURN_IF_ERROR(load_calibration(&machine));
-  comm->tuner_ = std::make_unique<Tuner>(
-      tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_, machine));
+  TuneContext context =
+      tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_, machine);
+  context.single_copy_bytes = comm->direct_->cma_floor();
+  comm->tuner_ = std::make_unique<Tuner>(std::move(context));
   WEFT_LOG(INFO, INIT,
            "communicator%s%s: rank %d of %d ready (timeout %lld ms); setup phases: transport "
            "%.3f ms, bootstrap %.3f ms, shared memory %.3f ms",

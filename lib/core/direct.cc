@@ -21,9 +21,8 @@ namespace weft {
 namespace {
 
 constexpr size_t kLine = 64;
-// The defaults of WEFT_SHM_* are in the environment table (common/env.cc): CMA is
-// off because on the 2-core VM measured (docs/shared-memory.md) process_vm_readv,
-// which pins the peer's pages one by one, copied 4-8 times slower than memcpy.
+// The defaults of WEFT_SHM_* are in the environment table (common/env.cc); CMA's
+// depends on the cores (kAutoCmaBytes).
 constexpr uint64_t kMinStagingBytes = 4096;
 constexpr size_t kControlBytes = 512;  // keeps the staging well aligned
 // Announcements (mismatch detection) follow the control block: the last announced_slots()
@@ -277,8 +276,8 @@ struct DirectState::Offer {
 
 DirectState::~DirectState() = default;
 
-Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& allgather,
-                         const Registry* registry) {
+Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscribed,
+                         const AllGather& allgather, const Registry* registry) {
   rank_ = rank;
   nranks_ = nranks;
   registry_ = registry;
@@ -287,7 +286,8 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
   slot_words_ = slot_words(nranks);
   announced_mask_ = announced_slots(nranks) - 1;
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
-  cma_bytes_ = env_value("WEFT_SHM_CMA_BYTES");
+  cma_bytes_ = env_value_if_set("WEFT_SHM_CMA_BYTES", "the default")
+                   .value_or(oversubscribed ? 0 : kAutoCmaBytes);
   if (nranks > 1 && !same_node) {
     unavailable_reason_ = "this communicator's ranks are on several nodes";
     return Status::Ok();
@@ -395,6 +395,13 @@ Status DirectState::init(int rank, int nranks, bool same_node, const AllGather& 
       if (cma_ && setup.cma_bytes != 0) smallest = std::min(smallest, setup.cma_bytes);
       offer_floor_ = std::max(offer_floor_, smallest);
     }
+    // A rank with CMA off refuses such offers: then every op of that kind is staged.
+    bool every_rank_offers = cma_;
+    for (const SetupWords& setup : setups) {
+      every_rank_offers = every_rank_offers && setup.cma_bytes != 0;
+      cma_floor_ = std::max(cma_floor_, setup.cma_bytes);
+    }
+    if (!every_rank_offers) cma_floor_ = 0;
   }
   // The header's pages (control, announcements, lanes) are mapped now, so that the first
   // small calls take no page fault; the staging's at the first op that writes them

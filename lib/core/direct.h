@@ -45,8 +45,9 @@
 // peers copy it with process_vm_readv straight into their output, one copy
 // instead of two, then raise their done word as above. Offers of both kinds
 // mix in one op. Only AllGather, Broadcast and AllToAll take it (reductions
-// with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0, the
-// default: never; process_vm_readv was slower than staging where measured).
+// with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0: never;
+// unset: kAutoCmaBytes unless the node's ranks outnumber its cores, where a
+// rank's read waits for its peer's time slice twice and staging was faster).
 // Init probes it collectively (every rank reads a word of every peer, skipped
 // when no rank wants CMA); if any pair fails (Yama, a container, another pid
 // namespace), nobody offers CMA.
@@ -73,6 +74,10 @@
 namespace weft {
 
 struct Job;
+
+// WEFT_SHM_CMA_BYTES when unset and the ranks have a core each: with 2 ranks on
+// 2 cores a CMA read beat staging from 8 KiB blocks on (docs/shared-memory.md).
+inline constexpr uint64_t kAutoCmaBytes = 8192;
 
 // WEFT_CHECK: what ranks tell each other about every collective they call
 // (docs/reliability.md, "Mismatch detection"). Off: nothing; On: the call's
@@ -160,7 +165,8 @@ class DirectState {
   // collectives take the message path; the last case WARNs once). A segment
   // that exists but cannot be mapped on some rank fails every rank.
   // `registry`: the communicator's registered buffers (outlives this state).
-  Status init(int rank, int nranks, bool same_node, const AllGather& allgather,
+  // `oversubscribed`: this node has more of the ranks than cores (CMA's default).
+  Status init(int rank, int nranks, bool same_node, bool oversubscribed, const AllGather& allgather,
               const Registry* registry);
 
   // Direct algorithms can run (one rank, or shared memory with every peer).
@@ -172,6 +178,9 @@ class DirectState {
   size_t staging_bytes() const { return staging_bytes_; }
   // Every pair of ranks can read each other's memory by cross-memory attach.
   bool cma() const { return cma_; }
+  // The smallest block of an AllGather, Broadcast or AllToAll that every rank
+  // offers by CMA (unregistered input, out of place for AllToAll); 0: none.
+  uint64_t cma_floor() const { return cma_floor_; }
 
   // Called when a job is launched: its place in the communicator's order.
   uint64_t issue_ticket() { return tickets_issued_++; }
@@ -311,6 +320,7 @@ class DirectState {
   uint64_t zero_copy_bytes_ = 0;  // smaller messages are staged
   uint64_t cma_bytes_ = 0;        // smaller blocks are staged; 0: no CMA offers
   uint64_t offer_floor_ = 0;      // smaller blocks are staged by every rank, unoffered
+  uint64_t cma_floor_ = 0;        // cma_floor()
   bool cma_ = false;
   uint64_t cma_probe_ = 0;  // the word peers read at init
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed

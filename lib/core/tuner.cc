@@ -177,6 +177,7 @@ namespace {
 void set_local_costs(const Calibration& machine, TuneContext* context) {
   context->memory = machine.memory;
   context->direct = machine.direct;
+  context->single_copy = machine.single_copy;
   context->call_us = machine.call_us;
   context->cache_bytes = machine.cache_bytes;
   context->cache_bandwidth_gb_s = machine.cache_bandwidth_gb_s;
@@ -258,6 +259,9 @@ Tuner::Tuner(TuneContext context) : context_(std::move(context)) {
                                static_cast<uint8_t>(topo::LinkClass::SameNuma));
   network_.memory = Calibration::sliced(context_.memory, share, 0);
   network_.direct = Calibration::sliced(context_.direct, share, context_.direct_slice_latency_us);
+  network_.single_copy =
+      Calibration::sliced(context_.single_copy, share, context_.direct_slice_latency_us);
+  network_.single_copy_bytes = context_.single_copy_bytes;
   network_.max_steps = context_.max_model_steps;
 }
 
@@ -297,6 +301,7 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
     faster = network;
     faster.memory.bandwidth_gb_s *= speedup;
     faster.direct.bandwidth_gb_s *= speedup;
+    faster.single_copy.bandwidth_gb_s *= speedup;
     if (context_.cached_links)
       for (topo::LinkClass link : kNodeLinks)
         faster.classes[static_cast<int>(link)].bandwidth_gb_s *= speedup;

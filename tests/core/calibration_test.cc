@@ -50,7 +50,8 @@ class TunerFile {
 // after turning off the defaults' optional costs (call, cache tier, slicing),
 // so that each test sees only the figures it sets.
 double predict_with(const std::string& text, int nranks, Algorithm algorithm, uint64_t bytes,
-                    bool shared_memory = false) {
+                    bool shared_memory = false, Collective collective = Collective::AllReduce,
+                    uint64_t single_copy_bytes = 0) {
   TunerFile file(
       "call_us 0\ncache_bytes 0\nslice_latency_us 0\ndirect_slice_latency_us 0\n"
       "sliced_link_bandwidth_gb_s 0\n" +
@@ -58,8 +59,11 @@ double predict_with(const std::string& text, int nranks, Algorithm algorithm, ui
   Calibration machine;
   const Status status = load_calibration(&machine);
   EXPECT_TRUE(status.ok()) << status.message();
-  const Tuner tuner(tune_context(one_node(nranks), shared_memory, AlgorithmOverrides(), machine));
-  return tuner.predict_us(Collective::AllReduce, algorithm, 0, bytes);
+  TuneContext context =
+      tune_context(one_node(nranks), shared_memory, AlgorithmOverrides(), machine);
+  context.single_copy_bytes = single_copy_bytes;
+  const Tuner tuner(std::move(context));
+  return tuner.predict_us(collective, algorithm, 0, bytes);
 }
 
 TEST(Calibration, ParsesEveryKey) {
@@ -68,7 +72,8 @@ TEST(Calibration, ParsesEveryKey) {
                                 "call_us 1.5\nlink_latency_us 0.75   # UCX\n"
                                 "link_bandwidth_gb_s 7\nmemory_overhead_us 0.1\n"
                                 "memory_bandwidth_gb_s 9\ndirect_latency_us 0.3\n"
-                                "direct_bandwidth_gb_s 11\n\ncores 3\nslice_latency_us 40\n"
+                                "direct_bandwidth_gb_s 11\nsingle_copy_latency_us 0.9\n"
+                                "single_copy_bandwidth_gb_s 13\n\ncores 3\nslice_latency_us 40\n"
                                 "direct_slice_latency_us 4\nsliced_link_bandwidth_gb_s 2\n"
                                 "cache_bytes 524288\ncache_bandwidth_gb_s 40\n",
                                 "test", &c)
@@ -80,6 +85,8 @@ TEST(Calibration, ParsesEveryKey) {
   EXPECT_EQ(c.memory.bandwidth_gb_s, 9);
   EXPECT_EQ(c.direct.latency_us, 0.3);
   EXPECT_EQ(c.direct.bandwidth_gb_s, 11);
+  EXPECT_EQ(c.single_copy.latency_us, 0.9);
+  EXPECT_EQ(c.single_copy.bandwidth_gb_s, 13);
   EXPECT_EQ(c.cores, 3);
   EXPECT_EQ(c.slice_latency_us, 40);
   EXPECT_EQ(c.direct_slice_latency_us, 4);
@@ -147,6 +154,31 @@ TEST(Calibration, FileValuesReachThePredictions) {
   EXPECT_NEAR(predict_with(kBase + "direct_latency_us 2.15\n", 4, Algorithm::OneShot, bytes, true),
               direct + 2, 1e-9);
   EXPECT_NEAR(direct, 0.2 + bytes / 25e3 + 0.15 + 3 * bytes / 25e3, 1e-9);
+}
+
+// Blocks read in place by cross-memory attach (the communicator's CMA floor): two
+// synchronisations, no staging copy, the own block copied and each peer's read once.
+TEST(Calibration, SingleCopyReadsReachThePredictions) {
+  const uint64_t bytes = 1 << 20;
+  const std::string single = kBase + "single_copy_latency_us 0.9\nsingle_copy_bandwidth_gb_s 10\n";
+  const auto predict = [&](const std::string& text, Collective collective, uint64_t floor) {
+    return predict_with(text, 4, Algorithm::OneShot, bytes, true, collective, floor);
+  };
+  const double read = 0.9 + bytes / 10e3;
+  EXPECT_NEAR(predict(single, Collective::AllGather, 4096), 2 * 0.15 + bytes / 12e3 + 3 * read,
+              1e-9);
+  EXPECT_NEAR(predict(single, Collective::AllToAll, 4096), 2 * 0.15 + bytes / 12e3 + 3 * read,
+              1e-9);
+  EXPECT_NEAR(predict(single, Collective::Broadcast, 4096), 2 * 0.15 + read, 1e-9);
+  EXPECT_NEAR(predict(single + "single_copy_latency_us 1.9\n", Collective::AllGather, 4096),
+              predict(single, Collective::AllGather, 4096) + 3, 1e-9);
+  // Blocks under the floor, no floor, or a reduction: staged, the figures unused.
+  for (const auto& [collective, floor] :
+       {std::pair{Collective::AllGather, bytes + 1}, std::pair{Collective::AllGather, uint64_t{0}},
+        std::pair{Collective::AllReduce, uint64_t{4096}}})
+    EXPECT_NEAR(predict(single, collective, floor), predict(kBase, collective, 0), 1e-9)
+        << algo::collective_name(collective) << " floor " << floor;
+  EXPECT_NE(predict(single, Collective::AllGather, 4096), predict(kBase, Collective::AllGather, 0));
 }
 
 TEST(Calibration, OversubscribedRanksTimeShareTheCores) {

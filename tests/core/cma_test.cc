@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "algorithms/schedule.h"
+#include "core/direct.h"
 #include "support/direct_cases.h"
 #include "support/multirank.h"
 #include "support/typed_values.h"
@@ -184,6 +185,41 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
         },
         logs.options({{"WEFT_SHM_CMA_BYTES", threshold}}));
   }
+}
+
+// Unset, the threshold is kAutoCmaBytes while the node has a core per rank and CMA is off
+// once the ranks outnumber the cores (a read would wait for the peer's time slice twice).
+TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  TraceLogs logs;
+  int cases = 0;
+  for (int nranks : {2, cores + 1}) {
+    if (nranks > 8) continue;  // a large machine: the oversubscribed case would take long
+    const size_t threshold = nranks <= cores ? kAutoCmaBytes : 0;
+    SCOPED_TRACE("ranks " + std::to_string(nranks));
+    ++cases;
+    run_ranks(
+        nranks,
+        [threshold](const RankContext& context) {
+          weftComm_t world = init_comm(context);
+          weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+          const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
+          // int8, float16 and float64 blocks on both sides of kAutoCmaBytes.
+          const size_t counts[] = {7,
+                                   kAutoCmaBytes / 8,
+                                   kAutoCmaBytes / 2 - 1,
+                                   kAutoCmaBytes / 2,
+                                   kAutoCmaBytes - 1,
+                                   kAutoCmaBytes + 3};
+          int expected = run_cases(comm, context, collectives, counts, threshold);
+          EXPECT_EQ(cma_reads_logged(), expected);
+          EXPECT_EQ(expected > 0, threshold != 0);
+          EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+          EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+        },
+        logs.options({}));
+  }
+  EXPECT_GT(cases, 0);
 }
 
 // One rank that may not read its peers (EPERM) fails the init probe for all:
