@@ -35,8 +35,9 @@ bool reads_in_place(const Params& params, uint64_t element_size, const CostNetwo
   const bool copies_only = params.collective == Collective::AllGather ||
                            params.collective == Collective::Broadcast ||
                            params.collective == Collective::AllToAll;
-  return copies_only && params.algorithm == Algorithm::OneShot && network.single_copy_bytes != 0 &&
-         params.count * element_size >= network.single_copy_bytes;
+  const uint64_t floor = network.single_copy_bytes[static_cast<size_t>(params.collective)];
+  return copies_only && params.algorithm == Algorithm::OneShot && floor != 0 &&
+         params.count * element_size >= floor;
 }
 
 double single_copy_time(const Params& params, uint64_t element_size, const CostNetwork& network) {

@@ -8,6 +8,7 @@
 // (is_direct) have no program and get a closed form instead. Pure: no I/O.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,11 +35,11 @@ struct CostNetwork {
   // (latency) and the copies into and reads from staging (throughput).
   LinkTime direct{0.2, 20};
   // Direct one-shot AllGather, Broadcast and AllToAll blocks of at least
-  // single_copy_bytes (0: never) are read straight out of the peers' buffers
+  // single_copy_bytes[collective] (0: never) are read straight out of the peers' buffers
   // (cross-memory attach): no staging copy, a second synchronisation (the
   // readers tell the owner they are done), each peer's block one read.
   LinkTime single_copy{1.0, 12};
-  uint64_t single_copy_bytes = 0;
+  std::array<uint64_t, kNumCollectives> single_copy_bytes{};
   uint64_t max_steps = uint64_t{4} << 20;  // programs larger in all are refused (memory)
   // Link classes (a bit per class) whose transfers are copies made by the ranks' own cores
   // (UCX through shared memory): a send there takes the sender's compute port, so it does

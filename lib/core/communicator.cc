@@ -200,7 +200,7 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   WEFT_RETURN_IF_ERROR(load_calibration(&machine));
   TuneContext context =
       tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_, machine);
-  context.single_copy_bytes = comm->direct_->cma_floor();
+  context.single_copy_bytes = comm->direct_->cma_floors();
   comm->tuner_ = std::make_unique<Tuner>(std::move(context));
   WEFT_LOG(INFO, INIT,
            "communicator%s%s: rank %d of %d ready (timeout %lld ms); setup phases: transport "

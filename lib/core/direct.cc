@@ -185,10 +185,13 @@ bool zero_copy_capable(const DirectCall& call) {
 }
 
 // Collectives whose peers only copy the input (a reduction would need it in place).
-bool cma_capable(const DirectCall& call) {
-  return call.collective == algo::Collective::AllGather ||
-         call.collective == algo::Collective::Broadcast ||
-         call.collective == algo::Collective::AllToAll;
+bool cma_capable(algo::Collective collective) {
+  return collective == algo::Collective::AllGather || collective == algo::Collective::Broadcast ||
+         collective == algo::Collective::AllToAll;
+}
+
+size_t collective_index(algo::Collective collective) {
+  return static_cast<size_t>(collective);
 }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) {
@@ -274,6 +277,21 @@ struct DirectState::Offer {
   uint64_t serial = 0, segment_bytes = 0, offset = 0, bytes = 0;
 };
 
+CmaThresholds cma_thresholds(std::optional<uint64_t> set, bool oversubscribed) {
+  CmaThresholds thresholds{};
+  for (size_t c = 0; c < thresholds.size(); ++c) {
+    const auto collective = static_cast<algo::Collective>(c);
+    if (!cma_capable(collective)) continue;
+    if (set)
+      thresholds[c] = *set;
+    else if (!oversubscribed)
+      thresholds[c] = kAutoCmaBytes;
+    else if (collective == algo::Collective::AllToAll)
+      thresholds[c] = kAutoOversubscribedAllToAllCmaBytes;
+  }
+  return thresholds;
+}
+
 DirectState::~DirectState() = default;
 
 Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscribed,
@@ -286,8 +304,8 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   slot_words_ = slot_words(nranks);
   announced_mask_ = announced_slots(nranks) - 1;
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
-  cma_bytes_ = env_value_if_set("WEFT_SHM_CMA_BYTES", "the default")
-                   .value_or(oversubscribed ? 0 : kAutoCmaBytes);
+  cma_bytes_ =
+      cma_thresholds(env_value_if_set("WEFT_SHM_CMA_BYTES", "the default"), oversubscribed);
   if (nranks > 1 && !same_node) {
     unavailable_reason_ = "this communicator's ranks are on several nodes";
     return Status::Ok();
@@ -362,9 +380,9 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     const SetupWords mine{static_cast<uint64_t>(getpid()),
                           reinterpret_cast<uintptr_t>(&cma_probe_),
                           cma_probe_,
-                          cma_bytes_,
                           zero_copy_bytes_,
-                          static_cast<uint64_t>(check_)};
+                          static_cast<uint64_t>(check_),
+                          cma_bytes_};
     std::vector<std::string> words;
     Status attached = agree(
         allgather, opened, std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)), &words);
@@ -388,20 +406,21 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
                      "the same value on every rank)",
                      q, check_mode_name(setups[q].check), check_mode_name(setups[0].check));
     WEFT_RETURN_IF_ERROR(probe_cma(allgather, setups));
-    // Below the largest of the ranks' smallest offer sizes some rank refuses every offer,
-    // so such ops are staged without publishing offers (a synchronisation less per call).
-    for (const SetupWords& setup : setups) {
-      uint64_t smallest = setup.zero_copy_bytes;
-      if (cma_ && setup.cma_bytes != 0) smallest = std::min(smallest, setup.cma_bytes);
-      offer_floor_ = std::max(offer_floor_, smallest);
+    for (size_t c = 0; c < cma_floors_.size(); ++c) {
+      // Below the largest of the ranks' smallest offer sizes some rank refuses every offer,
+      // so such ops are staged without publishing offers (a synchronisation less per call).
+      // A rank with CMA off for the collective refuses such offers: then every op of it
+      // at least that large is staged too.
+      bool every_rank_offers = cma_;
+      for (const SetupWords& setup : setups) {
+        uint64_t smallest = setup.zero_copy_bytes;
+        if (cma_ && setup.cma_bytes[c] != 0) smallest = std::min(smallest, setup.cma_bytes[c]);
+        offer_floors_[c] = std::max(offer_floors_[c], smallest);
+        every_rank_offers = every_rank_offers && setup.cma_bytes[c] != 0;
+        cma_floors_[c] = std::max(cma_floors_[c], setup.cma_bytes[c]);
+      }
+      if (!every_rank_offers) cma_floors_[c] = 0;
     }
-    // A rank with CMA off refuses such offers: then every op of that kind is staged.
-    bool every_rank_offers = cma_;
-    for (const SetupWords& setup : setups) {
-      every_rank_offers = every_rank_offers && setup.cma_bytes != 0;
-      cma_floor_ = std::max(cma_floor_, setup.cma_bytes);
-    }
-    if (!every_rank_offers) cma_floor_ = 0;
   }
   // The header's pages (control, announcements, lanes) are mapped now, so that the first
   // small calls take no page fault; the staging's at the first op that writes them
@@ -704,7 +723,8 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
 
 inline bool DirectState::staged_unoffered(const Job& job) const {
   return !shared() || !zero_copy_capable(*job.direct) ||
-         job.direct->count * job.math.element_size < offer_floor_;
+         job.direct->count * job.math.element_size <
+             offer_floors_[collective_index(job.direct->collective)];
 }
 
 inline uint64_t DirectState::slot_elements(const Job& job) const {
@@ -908,7 +928,8 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
 
 Status DirectState::probe_cma(const AllGather& allgather, const std::vector<SetupWords>& setups) {
   bool wanted = false;
-  for (const SetupWords& setup : setups) wanted = wanted || setup.cma_bytes != 0;
+  for (const SetupWords& setup : setups)
+    for (uint64_t bytes : setup.cma_bytes) wanted = wanted || bytes != 0;
   // Every rank sees the same probes, so all skip the round below alike.
   if (!wanted) return Status::Ok();
   std::string why;
@@ -943,9 +964,10 @@ DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input
   const bool all_to_all = call.collective == algo::Collective::AllToAll;
   const size_t input_bytes = all_to_all ? nranks_ * bytes : bytes;
   const std::byte* out = job.output;
-  const bool cma = cma_ && cma_bytes_ != 0 && cma_capable(call);
+  const uint64_t cma_bytes = cma_bytes_[collective_index(call.collective)];
+  const bool cma = cma_ && cma_bytes != 0;
   // Ranks may differ in their thresholds: any refusal stages the op everywhere.
-  if (bytes < (cma ? std::min(zero_copy_bytes_, cma_bytes_) : zero_copy_bytes_)) return {};
+  if (bytes < (cma ? std::min(zero_copy_bytes_, cma_bytes) : zero_copy_bytes_)) return {};
   if (call.collective == algo::Collective::Broadcast && rank_ != call.root)
     return {Offer::kUnneeded};
   // Peers read the input while this rank writes its output: they must not meet.
@@ -975,7 +997,7 @@ DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input
       find_shared(input, input_bytes, &where))
     return {Offer::kMapped,      where.pid,    where.serial,
             where.segment_bytes, where.offset, input_bytes};
-  if (cma && bytes >= cma_bytes_)
+  if (cma && bytes >= cma_bytes)
     return {Offer::kCma, static_cast<uint32_t>(getpid()),    0,
             0,           reinterpret_cast<uintptr_t>(input), input_bytes};
   return {};

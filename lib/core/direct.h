@@ -47,7 +47,8 @@
 // mix in one op. Only AllGather, Broadcast and AllToAll take it (reductions
 // with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0: never;
 // unset: kAutoCmaBytes unless the node's ranks outnumber its cores, where a
-// rank's read waits for its peer's time slice twice and staging was faster).
+// rank's read waits for its peer's time slice twice and staging was faster,
+// except for AllToAll's large blocks: kAutoOversubscribedAllToAllCmaBytes).
 // Init probes it collectively (every rank reads a word of every peer, skipped
 // when no rank wants CMA); if any pair fails (Yama, a container, another pid
 // namespace), nobody offers CMA.
@@ -55,6 +56,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +80,16 @@ struct Job;
 // WEFT_SHM_CMA_BYTES when unset and the ranks have a core each: with 2 ranks on
 // 2 cores a CMA read beat staging from 8 KiB blocks on (docs/shared-memory.md).
 inline constexpr uint64_t kAutoCmaBytes = 8192;
+// The same for AllToAll when the node's ranks outnumber its cores: staging copies every
+// block twice (AllGather only the rank's own block once more), which from this size
+// outweighs the wait for the readers' time slices (4 ranks on 2 cores: docs/shared-memory.md).
+inline constexpr uint64_t kAutoOversubscribedAllToAllCmaBytes = 64 << 10;
+
+// Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
+// and AllToAll are ever nonzero.
+using CmaThresholds = std::array<uint64_t, algo::kNumCollectives>;
+// WEFT_SHM_CMA_BYTES's value for every such collective when set, else the automatic ones.
+CmaThresholds cma_thresholds(std::optional<uint64_t> set, bool oversubscribed);
 
 // WEFT_CHECK: what ranks tell each other about every collective they call
 // (docs/reliability.md, "Mismatch detection"). Off: nothing; On: the call's
@@ -178,9 +190,9 @@ class DirectState {
   size_t staging_bytes() const { return staging_bytes_; }
   // Every pair of ranks can read each other's memory by cross-memory attach.
   bool cma() const { return cma_; }
-  // The smallest block of an AllGather, Broadcast or AllToAll that every rank
-  // offers by CMA (unregistered input, out of place for AllToAll); 0: none.
-  uint64_t cma_floor() const { return cma_floor_; }
+  // Per collective, the smallest block that every rank offers by CMA (unregistered input,
+  // out of place for AllToAll); 0: none.
+  const CmaThresholds& cma_floors() const { return cma_floors_; }
 
   // Called when a job is launched: its place in the communicator's order.
   uint64_t issue_ticket() { return tickets_issued_++; }
@@ -286,7 +298,8 @@ class DirectState {
   // What each rank tells the others at init's second stage: where its CMA
   // probe word lies (its pid, address and value), its size thresholds and its WEFT_CHECK.
   struct SetupWords {
-    uint64_t pid, probe_address, probe_value, cma_bytes, zero_copy_bytes, check;
+    uint64_t pid, probe_address, probe_value, zero_copy_bytes, check;
+    CmaThresholds cma_bytes;
   };
   // Whether every pair of ranks can use cross-memory attach (collective).
   Status probe_cma(const AllGather& allgather, const std::vector<SetupWords>& setups);
@@ -318,9 +331,9 @@ class DirectState {
   std::atomic<uint64_t> tickets_done_{0};
   const Registry* registry_ = nullptr;
   uint64_t zero_copy_bytes_ = 0;  // smaller messages are staged
-  uint64_t cma_bytes_ = 0;        // smaller blocks are staged; 0: no CMA offers
-  uint64_t offer_floor_ = 0;      // smaller blocks are staged by every rank, unoffered
-  uint64_t cma_floor_ = 0;        // cma_floor()
+  CmaThresholds cma_bytes_{};     // smaller blocks are staged; 0: no CMA offers
+  CmaThresholds offer_floors_{};  // smaller blocks are staged by every rank, unoffered
+  CmaThresholds cma_floors_{};    // cma_floors()
   bool cma_ = false;
   uint64_t cma_probe_ = 0;  // the word peers read at init
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed

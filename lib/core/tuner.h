@@ -54,10 +54,10 @@ struct TuneContext {
   std::array<topo::LinkCost, topo::kNumLinkClasses> links = topo::Cluster::default_links();
   algo::LinkTime memory;
   algo::LinkTime direct;  // direct algorithms (shared memory)
-  // Direct reads in place by cross-memory attach, from blocks of single_copy_bytes (0: none;
-  // the communicator's DirectState::cma_floor).
+  // Direct reads in place by cross-memory attach, per collective from blocks of
+  // single_copy_bytes (0: none; the communicator's DirectState::cma_floors).
   algo::LinkTime single_copy;
-  uint64_t single_copy_bytes = 0;
+  std::array<uint64_t, algo::kNumCollectives> single_copy_bytes{};
   double call_us = 0;  // added to every scheduled prediction
   // Ranks per core on the busiest node when they outnumber its cores (1:
   // not oversubscribed) and the slice latencies (Calibration::sliced).

@@ -61,7 +61,7 @@ double predict_with(const std::string& text, int nranks, Algorithm algorithm, ui
   EXPECT_TRUE(status.ok()) << status.message();
   TuneContext context =
       tune_context(one_node(nranks), shared_memory, AlgorithmOverrides(), machine);
-  context.single_copy_bytes = single_copy_bytes;
+  context.single_copy_bytes[static_cast<size_t>(collective)] = single_copy_bytes;
   const Tuner tuner(std::move(context));
   return tuner.predict_us(collective, algorithm, 0, bytes);
 }

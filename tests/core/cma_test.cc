@@ -118,10 +118,18 @@ int cma_reads_expected(const Case& c, int rank, int n) {
   }
 }
 
+// The thresholds WEFT_SHM_CMA_BYTES=`bytes` sets: the same for every collective that copies.
+CmaThresholds uniform(size_t bytes) {
+  CmaThresholds thresholds{};
+  for (Collective collective : {Collective::AllGather, Collective::Broadcast, Collective::AllToAll})
+    thresholds[static_cast<size_t>(collective)] = bytes;
+  return thresholds;
+}
+
 // Runs every case of `collectives` on `comm`; returns the CMA reads they call
-// for under WEFT_SHM_CMA_BYTES=`cma_bytes`, reporting up to 5 wrong results.
+// for under the per-collective thresholds `cma_bytes`, reporting up to 5 wrong results.
 int run_cases(weftComm_t comm, const RankContext& context, std::span<const Collective> collectives,
-              std::span<const size_t> counts, size_t cma_bytes) {
+              std::span<const size_t> counts, const CmaThresholds& cma_bytes) {
   int failures = 0, expected = 0;
   for (Collective collective : collectives)
     for (size_t count : counts)
@@ -133,7 +141,8 @@ int run_cases(weftComm_t comm, const RankContext& context, std::span<const Colle
             ADD_FAILURE() << "rank " << context.rank << " " << algo::collective_name(collective)
                           << " count " << count << " dtype " << dtype << " op " << op
                           << (in_place ? " in-place: " : ": ") << error;
-          if (cma_bytes != 0 && count * dtype_size(dtype) >= cma_bytes)
+          const size_t threshold = cma_bytes[static_cast<size_t>(collective)];
+          if (threshold != 0 && count * dtype_size(dtype) >= threshold)
             expected += cma_reads_expected(c, context.rank, context.nranks);
         }
   return expected;
@@ -153,7 +162,7 @@ TEST_P(CmaMatrix, ExactAndReadByCma) {
         weftComm_t world = init_comm(context);
         weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
         const size_t counts[] = {0, 1, 7, kStagingBytes + 5};
-        int expected = run_cases(comm, context, kAll, counts, 1);
+        int expected = run_cases(comm, context, kAll, counts, uniform(1));
         EXPECT_GT(expected, 0);
         EXPECT_EQ(cma_reads_logged(), expected);
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
@@ -177,7 +186,7 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
           const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
           // int8, float16 and float64 blocks on both sides of 4096 bytes.
           const size_t counts[] = {7, 512, 2047, 2048, 4095, 4096, 20000};
-          int expected = run_cases(comm, context, collectives, counts, atoi(threshold));
+          int expected = run_cases(comm, context, collectives, counts, uniform(atoi(threshold)));
           EXPECT_EQ(cma_reads_logged(), expected);
           EXPECT_TRUE(atoi(threshold) == 0 || expected > 0);
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
@@ -187,7 +196,9 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
   }
 }
 
-// Unset, the threshold is kAutoCmaBytes while the node has a core per rank and CMA is off
+// Unset, the threshold is kAutoCmaBytes while the node has a core per rank; when the ranks
+// outnumber the cores AllGather is staged and AllToAll reads from
+// kAutoOversubscribedAllToAllCmaBytes
 // once the ranks outnumber the cores (a read would wait for the peer's time slice twice).
 TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
@@ -195,25 +206,25 @@ TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
   int cases = 0;
   for (int nranks : {2, cores + 1}) {
     if (nranks > 8) continue;  // a large machine: the oversubscribed case would take long
-    const size_t threshold = nranks <= cores ? kAutoCmaBytes : 0;
+    const bool oversubscribed = nranks > cores;
+    CmaThresholds thresholds{};
+    thresholds[static_cast<size_t>(Collective::AllGather)] = oversubscribed ? 0 : kAutoCmaBytes;
+    thresholds[static_cast<size_t>(Collective::AllToAll)] =
+        oversubscribed ? kAutoOversubscribedAllToAllCmaBytes : kAutoCmaBytes;
     SCOPED_TRACE("ranks " + std::to_string(nranks));
     ++cases;
     run_ranks(
         nranks,
-        [threshold](const RankContext& context) {
+        [&thresholds, oversubscribed](const RankContext& context) {
           weftComm_t world = init_comm(context);
           weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
           const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
-          // int8, float16 and float64 blocks on both sides of kAutoCmaBytes.
-          const size_t counts[] = {7,
-                                   kAutoCmaBytes / 8,
-                                   kAutoCmaBytes / 2 - 1,
-                                   kAutoCmaBytes / 2,
-                                   kAutoCmaBytes - 1,
-                                   kAutoCmaBytes + 3};
-          int expected = run_cases(comm, context, collectives, counts, threshold);
+          // int8, float16 and float64 blocks on both sides of AllToAll's threshold.
+          const size_t edge = oversubscribed ? kAutoOversubscribedAllToAllCmaBytes : kAutoCmaBytes;
+          const size_t counts[] = {7, edge / 8, edge / 2 - 1, edge / 2, edge - 1, edge + 3};
+          int expected = run_cases(comm, context, collectives, counts, thresholds);
           EXPECT_EQ(cma_reads_logged(), expected);
-          EXPECT_EQ(expected > 0, threshold != 0);
+          EXPECT_GT(expected, 0);
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
           EXPECT_EQ(weftCommDestroy(world), weftSuccess);
         },
@@ -236,7 +247,7 @@ TEST_F(NoLeftovers, OneRefusingRankTurnsCmaOffForAll) {
         weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
         const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
         const size_t counts[] = {7, kStagingBytes + 5};
-        EXPECT_GT(run_cases(comm, context, collectives, counts, 1), 0);
+        EXPECT_GT(run_cases(comm, context, collectives, counts, uniform(1)), 0);
         EXPECT_EQ(cma_reads_logged(), 0);
         int refusals = 0;
         for (const std::string& line : own_log())
