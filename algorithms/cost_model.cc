@@ -36,7 +36,8 @@ bool reads_in_place(const Params& params, uint64_t element_size, const CostNetwo
                            params.collective == Collective::Broadcast ||
                            params.collective == Collective::AllToAll;
   const uint64_t floor = network.single_copy_bytes[static_cast<size_t>(params.collective)];
-  return copies_only && params.algorithm == Algorithm::OneShot && floor != 0 &&
+  return copies_only && !(params.in_place && timed_by_placement(params.collective)) &&
+         params.algorithm == Algorithm::OneShot && floor != 0 &&
          params.count * element_size >= floor;
 }
 

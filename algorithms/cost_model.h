@@ -26,6 +26,12 @@ struct LinkTime {
   double transfer_us(double bytes) const { return bytes / (bandwidth_gb_s * 1e3); }
 };
 
+// Whether a call's placement changes its modelled time: an in-place AllToAll is never read
+// in place (a rank would overwrite blocks its peers still read), so it is always staged.
+inline bool timed_by_placement(Collective collective) {
+  return collective == Collective::AllToAll;
+}
+
 struct CostNetwork {
   int nranks = 1;
   std::vector<LinkTime> classes;    // indexed by the values of pair_class

@@ -398,7 +398,7 @@ Status prepare_collective(Communicator& comm, const CollectiveCall& call, JobBat
   // took the direct path within a node.)
   uint64_t bytes =
       call.collective == algo::Collective::AllToAllv ? kAllToAllvPlanBytes : call.count * element;
-  Plan plan = comm.tuner().plan(call.collective, bytes, element);
+  Plan plan = comm.tuner().plan(call.collective, bytes, element, params.in_place);
   params.algorithm = plan.algorithm;
   params.chunk = plan.chunk_elements;
 
@@ -464,8 +464,10 @@ bool run_fast_path(Communicator& comm, const CollectiveCall& call, Status* statu
     *status = validate_collective(comm, call, element);
     if (!status->ok()) return true;
   }
+  const bool in_place =
+      algo::timed_by_placement(call.collective) && detect_in_place(call, comm.rank(), element);
   const algo::Algorithm algorithm =
-      comm.tuner().algorithm(call.collective, call.count * element, element);
+      comm.tuner().algorithm(call.collective, call.count * element, element, in_place);
   if (!algo::is_direct(algorithm) || !algo::supports(algorithm, call.collective)) return false;
   // As call_params and algo::input_count / output_count would say, without building Params.
   const int root = is_rooted(call.collective) ? call.root : 0;

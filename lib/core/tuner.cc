@@ -275,8 +275,8 @@ algo::Params Tuner::model_params(algo::Collective collective, uint64_t bytes) co
 }
 
 double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
-                         uint64_t chunk_bytes, uint64_t bytes) const {
-  return predict_us(collective, algorithm, chunk_bytes, bytes, network_);
+                         uint64_t chunk_bytes, uint64_t bytes, bool in_place) const {
+  return predict_us(collective, algorithm, chunk_bytes, bytes, in_place, network_);
 }
 
 double Tuner::cache_speedup(algo::Collective collective, uint64_t bytes) const {
@@ -288,11 +288,12 @@ double Tuner::cache_speedup(algo::Collective collective, uint64_t bytes) const {
 }
 
 double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
-                         uint64_t chunk_bytes, uint64_t bytes,
+                         uint64_t chunk_bytes, uint64_t bytes, bool in_place,
                          const algo::CostNetwork& network) const {
   algo::Params params = model_params(collective, bytes);
   params.algorithm = algorithm;
   params.chunk = chunk_bytes;
+  params.in_place = in_place;
   algo::CostResult result;
   std::string error;
   const double speedup = cache_speedup(collective, bytes);
@@ -311,7 +312,8 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
   return result.time_us + (algo::is_direct(algorithm) ? 0 : context_.call_us * context_.share);
 }
 
-std::vector<Candidate> Tuner::candidates(algo::Collective collective, uint64_t bytes) const {
+std::vector<Candidate> Tuner::candidates(algo::Collective collective, uint64_t bytes,
+                                         bool in_place) const {
   std::vector<Candidate> out;
   for (int a = 0; a < algo::kNumAlgorithms; ++a) {
     const auto algorithm = static_cast<algo::Algorithm>(a);
@@ -322,7 +324,7 @@ std::vector<Candidate> Tuner::candidates(algo::Collective collective, uint64_t b
     for (uint64_t chunk : kChunkCandidates) {
       // Chunks at least as large as the call all mean "unchunked": time one.
       if (chunk != kChunkCandidates[0] && chunk >= bytes) break;
-      const double time = predict_us(collective, algorithm, chunk, bytes);
+      const double time = predict_us(collective, algorithm, chunk, bytes, in_place);
       if (time >= 0) out.push_back({algorithm, chunk, time});
       if (direct) break;  // direct algorithms do not chunk
     }
@@ -330,7 +332,7 @@ std::vector<Candidate> Tuner::candidates(algo::Collective collective, uint64_t b
     // ranks): coarser chunks, which the executor then uses too.
     for (uint64_t chunk = kChunkCandidates[std::size(kChunkCandidates) - 1] * 2;
          !direct && out.size() == before && chunk / 2 < bytes; chunk *= 2) {
-      const double time = predict_us(collective, algorithm, chunk, bytes);
+      const double time = predict_us(collective, algorithm, chunk, bytes, in_place);
       if (time >= 0) out.push_back({algorithm, chunk, time});
     }
   }
@@ -339,10 +341,10 @@ std::vector<Candidate> Tuner::candidates(algo::Collective collective, uint64_t b
   return out;
 }
 
-Tuner::Decision Tuner::decide(algo::Collective collective, uint64_t bytes) const {
+Tuner::Decision Tuner::decide(algo::Collective collective, uint64_t bytes, bool in_place) const {
   algo::Algorithm forced;
   const bool is_forced = context_.overrides.find(collective, bytes, &forced);
-  for (const Candidate& candidate : candidates(collective, bytes)) {
+  for (const Candidate& candidate : candidates(collective, bytes, in_place)) {
     if (!is_forced || candidate.algorithm == forced)
       return {candidate.algorithm, candidate.chunk_bytes, candidate.time_us};
   }
@@ -356,7 +358,7 @@ std::vector<std::string> Tuner::decision_table(algo::Collective collective,
   const bool sized = collective != algo::Collective::Barrier;
   for (int bucket = sized ? 1 : 0; bucket <= (sized ? size_bucket(max_bytes) : 0); ++bucket) {
     const uint64_t lo = bucket_size(bucket);
-    const Decision d = decide(collective, lo);
+    const Decision d = decide(collective, lo, false);
     // Chunks no smaller than the bucket's sizes do not split anything.
     const std::string chunk = d.chunk_bytes < lo * 2 ? size_text(d.chunk_bytes) : "none";
     const std::string range = sized ? size_text(lo) + "-" + size_text(lo * 2) : "any size";
@@ -369,16 +371,18 @@ std::vector<std::string> Tuner::decision_table(algo::Collective collective,
   return table;
 }
 
-Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_size) {
+Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_size, bool in_place) {
   const int c = static_cast<int>(collective);
+  const int k = key(collective, in_place);
+  in_place = k != c;  // the placement only where it changes the time
   Decision decision;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const int bucket = size_bucket(bytes);
-    std::optional<Decision>& cached = cache_[c][bucket];
+    std::optional<Decision>& cached = cache_[k][bucket];
     if (!cached) {
-      cached = decide(collective, bucket_size(bucket));
-      decided_[c][bucket].store(static_cast<uint8_t>(static_cast<int>(cached->algorithm) + 1),
+      cached = decide(collective, bucket_size(bucket), in_place);
+      decided_[k][bucket].store(static_cast<uint8_t>(static_cast<int>(cached->algorithm) + 1),
                                 std::memory_order_release);
     }
     decision = *cached;
@@ -389,7 +393,7 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
       for (const std::string& line : decision_table(collective, uint64_t{1} << 30))
         WEFT_LOG(INFO, TUNE, "  %s", line.c_str());
     }
-    last_ = Last{collective, bytes, decision};
+    last_ = Last{collective, in_place, bytes, decision};
     last_unlocked_.store(0, std::memory_order_relaxed);
   }
   Plan plan;
@@ -402,9 +406,10 @@ Plan Tuner::plan(algo::Collective collective, uint64_t bytes, size_t element_siz
 std::optional<Tuner::Last> Tuner::last() const {
   const uint64_t unlocked = last_unlocked_.load(std::memory_order_relaxed);
   if (unlocked == 0) return last_;
-  const auto collective = static_cast<algo::Collective>((unlocked >> kLastShift) - 1);
+  const int k = static_cast<int>(unlocked >> kLastShift) - 1;
+  const auto collective = static_cast<algo::Collective>(k % algo::kNumCollectives);
   const uint64_t bytes = unlocked & ((uint64_t{1} << kLastShift) - 1);
-  return Last{collective, bytes, *cache_[static_cast<int>(collective)][size_bucket(bytes)]};
+  return Last{collective, k >= algo::kNumCollectives, bytes, *cache_[k][size_bucket(bytes)]};
 }
 
 const char* Tuner::last_algorithm() const {
@@ -421,7 +426,7 @@ double Tuner::last_predicted_us() const {
   }
   if (!last) return -1;
   const double us = predict_us(last->collective, last->decision.algorithm,
-                               last->decision.chunk_bytes, last->bytes);
+                               last->decision.chunk_bytes, last->bytes, last->in_place);
   if (us >= 0 || last->decision.time_us < 0) return us;
   // The decision was timed at its bucket's lowest size, the coarsest chunks within the step
   // budget there; the call, up to twice that size, makes up to twice the steps with the same
@@ -429,7 +434,7 @@ double Tuner::last_predicted_us() const {
   algo::CostNetwork wider = network_;
   wider.max_steps *= 2;
   return predict_us(last->collective, last->decision.algorithm, last->decision.chunk_bytes,
-                    last->bytes, wider);
+                    last->bytes, last->in_place, wider);
 }
 
 }  // namespace weft

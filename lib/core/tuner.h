@@ -109,16 +109,20 @@ class Tuner {
  public:
   explicit Tuner(TuneContext context);
 
-  // The plan for a call of `bytes` (the collective's count times the element size).
-  Plan plan(algo::Collective collective, uint64_t bytes, size_t element_size);
+  // The plan for a call of `bytes` (the collective's count times the element size), in
+  // place or not (decided apart where that changes the time: algo::timed_by_placement).
+  Plan plan(algo::Collective collective, uint64_t bytes, size_t element_size,
+            bool in_place = false);
   // plan()'s algorithm for `bytes`, without the lock once its bucket is decided (the
   // blocking fast path asks on every call); it counts as the last plan all the same.
-  algo::Algorithm algorithm(algo::Collective collective, uint64_t bytes, size_t element_size);
+  algo::Algorithm algorithm(algo::Collective collective, uint64_t bytes, size_t element_size,
+                            bool in_place = false);
 
   // Every candidate for `bytes`, timed (untimeable ones left out), fastest
   // first. plan() decides a size bucket by its lowest size, so for powers of
   // two the first candidate is plan()'s choice (without overrides).
-  std::vector<Candidate> candidates(algo::Collective collective, uint64_t bytes) const;
+  std::vector<Candidate> candidates(algo::Collective collective, uint64_t bytes,
+                                    bool in_place = false) const;
 
   // The decision per size bucket from 1 B to `max_bytes`, one line each
   // (one line in all for a barrier, which has no size).
@@ -126,7 +130,7 @@ class Tuner {
 
   // The model's time for one schedule; negative when it cannot be timed.
   double predict_us(algo::Collective collective, algo::Algorithm algorithm, uint64_t chunk_bytes,
-                    uint64_t bytes) const;
+                    uint64_t bytes, bool in_place = false) const;
 
   // Name of the algorithm of the last plan, "" before the first.
   const char* last_algorithm() const;
@@ -141,28 +145,35 @@ class Tuner {
     uint64_t chunk_bytes;
     double time_us;
   };
-  Decision decide(algo::Collective collective, uint64_t bytes) const;
+  Decision decide(algo::Collective collective, uint64_t bytes, bool in_place) const;
   double predict_us(algo::Collective collective, algo::Algorithm algorithm, uint64_t chunk_bytes,
-                    uint64_t bytes, const algo::CostNetwork& network) const;
+                    uint64_t bytes, bool in_place, const algo::CostNetwork& network) const;
   algo::Params model_params(algo::Collective collective, uint64_t bytes) const;
+  // Decisions are kept per collective and, where it changes the time, placement.
+  static constexpr int kKeys = 2 * algo::kNumCollectives;
+  static int key(algo::Collective collective, bool in_place) {
+    const int c = static_cast<int>(collective);
+    return in_place && algo::timed_by_placement(collective) ? algo::kNumCollectives + c : c;
+  }
   // How much faster copies run in a call of `bytes` that fits (partly) in the cache.
   double cache_speedup(algo::Collective collective, uint64_t bytes) const;
 
   TuneContext context_;
   algo::CostNetwork network_;
   mutable std::mutex mutex_;
-  // By collective and size bucket (a direct index: this is looked up on every call).
-  std::array<std::array<std::optional<Decision>, 65>, algo::kNumCollectives> cache_{};
+  // By key() and size bucket (a direct index: this is looked up on every call).
+  std::array<std::array<std::optional<Decision>, 65>, kKeys> cache_{};
   std::array<bool, algo::kNumCollectives> logged_{};
   struct Last {
     algo::Collective collective;
+    bool in_place;
     uint64_t bytes;
     Decision decision;
   };
   std::optional<Last> last_;
   // Lock-free copies for algorithm(): per bucket the decided algorithm + 1 (0: not yet), and
-  // the last call it answered, (collective + 1) << kLastShift | bytes (0: plan()'s last_ is).
-  std::array<std::array<std::atomic<uint8_t>, 65>, algo::kNumCollectives> decided_{};
+  // the last call it answered, (key + 1) << kLastShift | bytes (0: plan()'s last_ is).
+  std::array<std::array<std::atomic<uint8_t>, 65>, kKeys> decided_{};
   static constexpr int kLastShift = 57;  // bytes never reach 2^57 (collectives.cc)
   std::atomic<uint64_t> last_unlocked_{0};
   std::optional<Last> last() const;  // with the lock held
@@ -175,11 +186,11 @@ inline int size_bucket(uint64_t bytes) {
 
 // Inline: the blocking fast path asks on every call.
 inline algo::Algorithm Tuner::algorithm(algo::Collective collective, uint64_t bytes,
-                                        size_t element_size) {
-  const int c = static_cast<int>(collective);
-  const uint8_t decided = decided_[c][size_bucket(bytes)].load(std::memory_order_acquire);
-  if (decided == 0) return plan(collective, bytes, element_size).algorithm;
-  last_unlocked_.store(static_cast<uint64_t>(c + 1) << kLastShift | bytes,
+                                        size_t element_size, bool in_place) {
+  const int k = key(collective, in_place);
+  const uint8_t decided = decided_[k][size_bucket(bytes)].load(std::memory_order_acquire);
+  if (decided == 0) return plan(collective, bytes, element_size, in_place).algorithm;
+  last_unlocked_.store(static_cast<uint64_t>(k + 1) << kLastShift | bytes,
                        std::memory_order_relaxed);
   return static_cast<algo::Algorithm>(decided - 1);
 }

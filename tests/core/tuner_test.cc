@@ -159,6 +159,36 @@ TEST(Tuner, LastPredictionIsAtTheExactSize) {
   EXPECT_STREQ(tuner.last_algorithm(), algo::algorithm_name(plan.algorithm));
 }
 
+// An in-place AllToAll is staged even above the CMA floor (a rank would overwrite blocks its
+// peers still read): it is decided and predicted apart from the out-of-place call, through
+// plan() and the lock-free algorithm() alike. Other collectives ignore the placement.
+TEST(Tuner, InPlaceAllToAllIsTimedStaged) {
+  TuneContext context = cluster(1, 2, false, true);
+  context.single_copy_bytes[static_cast<size_t>(Collective::AllToAll)] = 8192;
+  context.single_copy_bytes[static_cast<size_t>(Collective::AllGather)] = 8192;
+  Tuner tuner(context);
+  const uint64_t bytes = 4 << 20;
+  const double read = tuner.predict_us(Collective::AllToAll, Algorithm::OneShot, 0, bytes, false);
+  const double staged = tuner.predict_us(Collective::AllToAll, Algorithm::OneShot, 0, bytes, true);
+  ASSERT_GT(read, 0);
+  EXPECT_GT(staged, read);
+  EXPECT_EQ(tuner.predict_us(Collective::AllGather, Algorithm::OneShot, 0, bytes, true),
+            tuner.predict_us(Collective::AllGather, Algorithm::OneShot, 0, bytes, false));
+  for (bool in_place : {false, true, false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "out of place");
+    const Plan plan = tuner.plan(Collective::AllToAll, bytes, 4, in_place);
+    const double expected = tuner.predict_us(Collective::AllToAll, plan.algorithm,
+                                             plan.chunk_elements * 4, bytes, in_place);
+    EXPECT_DOUBLE_EQ(plan.predicted_us, expected);
+    EXPECT_DOUBLE_EQ(tuner.last_predicted_us(), expected);
+    const Algorithm fast = tuner.algorithm(Collective::AllToAll, bytes, 4, in_place);
+    EXPECT_EQ(fast, plan.algorithm);
+    EXPECT_DOUBLE_EQ(tuner.last_predicted_us(), expected);
+  }
+  EXPECT_NE(tuner.plan(Collective::AllToAll, bytes, 4, true).predicted_us,
+            tuner.plan(Collective::AllToAll, bytes, 4, false).predicted_us);
+}
+
 // plan() decides a bucket at its lowest size with the coarsest chunks the step budget
 // allows there; a call up to twice that size is still timed (it was not: a 64 GiB ZeRO bucket
 // over 128 ranks had no prediction).
