@@ -8,12 +8,14 @@
       bandwidth (2-rank sendrecv), the direct path's synchronisation and
       throughput (2-rank one-shot AllReduce), a read of a peer's buffer by
       cross-memory attach (2-rank one-shot Broadcast), the cores and the slice
-      latencies and UCX throughput of oversubscribed ranks (sendrecv and
-      one-shot AllReduce on twice as many ranks as cores).
+      latencies, UCX throughput and single-copy read throughput of
+      oversubscribed ranks (sendrecv, one-shot AllReduce and one-shot AllToAll
+      read by cross-memory attach, on twice as many ranks as cores).
   calibrate.py table BUILD [--tuner-file FILE] [--ranks 1,2,4,8] [--repeats R]
       prints measured/predicted (weft-perf's own "predicted" figure) for
       AllReduce, AllGather, ReduceScatter, Broadcast and AllToAll at every
-      size weft-perf prints (8 B to 16 MiB, x8) and rank count.
+      size weft-perf prints (8 B to 16 MiB, x8; 100 calls each up to 256 KiB,
+      10 above) and rank count.
 
 measure takes the fastest of R runs for each figure, table the
 median and range; the load average is printed, since the development
@@ -136,6 +138,19 @@ def measure(args):
     direct_slices = [(v[0] - memory_overhead - direct_latency) / (share - 1)
                      for v in over_direct.values()]
     direct_slice_latency = max(0.0, statistics.median(direct_slices))
+    # The same ranks, one-shot AllToAll read by cross-memory attach: per size, a rank copies
+    # its own block (1/n of the output, at the time-shared memory throughput) and reads the
+    # n - 1 others; what the slope leaves beyond that copy is the reads.
+    n = 2 * cores
+    sliced_single_bw = None
+    all_to_all = bandwidth(out_of_cache(run(n, "alltoall", 4 << 20, 16 << 20, 2,
+                                            env={"WEFT_ALGO": "alltoall:oneshot",
+                                                 "WEFT_SHM_CMA_BYTES": "1"})),
+                           1, "cross-memory attach, time-sliced")
+    if all_to_all is not None and memory_bw is not None:
+        read_us_per_byte = 1 / (all_to_all * 1e3) - (1 / n) / (memory_bw / share * 1e3)
+        if read_us_per_byte > 0:
+            sliced_single_bw = (n - 1) / n / read_us_per_byte / 1e3
     print("# " + load(), file=sys.stderr)
     text = ("# weft cost-model calibration (bench/perf/calibrate.py measure, %d repeats)\n"
             "# %s\n" % (r, load()))
@@ -148,7 +163,8 @@ def measure(args):
                        ("single_copy_bandwidth_gb_s", single_bw), ("cores", cores),
                        ("slice_latency_us", slice_latency),
                        ("direct_slice_latency_us", direct_slice_latency),
-                       ("sliced_link_bandwidth_gb_s", sliced_link_bw)]:
+                       ("sliced_link_bandwidth_gb_s", sliced_link_bw),
+                       ("sliced_single_copy_bandwidth_gb_s", sliced_single_bw)]:
         if value is not None:  # None: not measurable now, the default stays
             text += "%s %.4g\n" % (key, value)
     if args.output:
@@ -164,7 +180,12 @@ def table(args):
     results = {}  # (coll, size) -> {nranks: (ratio, lo, hi, algorithm)}
     for n in ranks:
         for coll in COLLECTIVES:
-            runs = [perf(args.build, n, coll, 8, 16 << 20, 8, env) for _ in range(args.repeats)]
+            # Small calls 100 times each: 10 calls of ranks time-sharing the cores mostly time
+            # the ranks' first meeting (8 ranks on 2 cores, AllToAll 512 B: 47-54 us per call
+            # over 10 calls, 10-19 over 100).
+            runs = [{**perf(args.build, n, coll, 8, 256 << 10, 8, env, iters=100),
+                     **perf(args.build, n, coll, 2 << 20, 16 << 20, 8, env)}
+                    for _ in range(args.repeats)]
             for size in runs[0]:
                 predicted = runs[-1][size][2]
                 if predicted is None or predicted <= 0.01:

@@ -30,6 +30,8 @@ double* field_of(Calibration* c, std::string_view key, bool* zero_ok) {
   if (key == "slice_latency_us") return *zero_ok = true, &c->slice_latency_us;
   if (key == "direct_slice_latency_us") return *zero_ok = true, &c->direct_slice_latency_us;
   if (key == "sliced_link_bandwidth_gb_s") return *zero_ok = true, &c->sliced_link_bandwidth_gb_s;
+  if (key == "sliced_single_copy_bandwidth_gb_s")
+    return *zero_ok = true, &c->sliced_single_copy_bandwidth_gb_s;
   if (key == "cache_bytes") return *zero_ok = true, &c->cache_bytes;
   if (key == "cache_bandwidth_gb_s") return *zero_ok = true, &c->cache_bandwidth_gb_s;
   return nullptr;
@@ -39,7 +41,8 @@ constexpr const char* kKeys =
     "call_us, link_latency_us, link_bandwidth_gb_s, memory_overhead_us, memory_bandwidth_gb_s, "
     "direct_latency_us, direct_bandwidth_gb_s, single_copy_latency_us, "
     "single_copy_bandwidth_gb_s, cores, slice_latency_us, "
-    "direct_slice_latency_us, sliced_link_bandwidth_gb_s, cache_bytes, cache_bandwidth_gb_s";
+    "direct_slice_latency_us, sliced_link_bandwidth_gb_s, sliced_single_copy_bandwidth_gb_s, "
+    "cache_bytes, cache_bandwidth_gb_s";
 
 }  // namespace
 
@@ -57,6 +60,12 @@ double Calibration::sliced_link_bandwidth(double bandwidth_gb_s, double share, d
   if (at_two <= 0) return bandwidth_gb_s / share;
   const double exponent = std::log2(bandwidth_gb_s / at_two);
   return bandwidth_gb_s / std::pow(share, exponent);
+}
+
+double Calibration::sliced_single_copy_bandwidth(double bandwidth_gb_s, double share,
+                                                 double at_two) {
+  if (share <= 1) return bandwidth_gb_s;
+  return at_two <= 0 ? bandwidth_gb_s / share : at_two * 2 / share;
 }
 
 double Calibration::cache_speedup(double bytes, double cache_bytes, double cache_gb_s,

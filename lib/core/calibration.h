@@ -55,6 +55,12 @@ struct Calibration {
   // the cores: a rank waiting for one spins on a core its peer needs.
   // Other s follow the same power of s (sliced_link_bandwidth).
   double sliced_link_bandwidth_gb_s = 3.2;
+  // A read by cross-memory attach per rank at s = 2 (0: single_copy_bandwidth / s).
+  // It also loses more than its share, by the same factor at every s here (one-shot
+  // AllToAll at 16 MiB: 4 ranks on 2 cores read at 0.43 of single_copy_bandwidth / 2,
+  // 8 ranks at 0.44 of single_copy_bandwidth / 4), so other s scale it by 2 / s
+  // (sliced_single_copy_bandwidth). calibrate.py measured 1.8 and 2.1 GB/s.
+  double sliced_single_copy_bandwidth_gb_s = 2.0;
 
   // s for `ranks_per_node` ranks on `cores` cores (at least 1).
   static double share(int ranks_per_node, int cores);
@@ -65,6 +71,9 @@ struct Calibration {
   // (`at_two`, 0: unknown, bandwidth / s): bandwidth / s^k with k such that
   // s = 2 gives at_two.
   static double sliced_link_bandwidth(double bandwidth_gb_s, double share, double at_two);
+  // A single-copy read's throughput at share s, given its throughput at s = 2 (`at_two`,
+  // 0: unknown, bandwidth / s): at_two * 2 / s.
+  static double sliced_single_copy_bandwidth(double bandwidth_gb_s, double share, double at_two);
   // Throughput of copies in a call whose larger buffer per rank is `bytes`,
   // over memory_bandwidth: 1 without a cache tier, up to
   // cache_bandwidth / memory_bandwidth for calls that fit.

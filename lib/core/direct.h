@@ -83,7 +83,7 @@ inline constexpr uint64_t kAutoCmaBytes = 8192;
 // The same for AllToAll when the node's ranks outnumber its cores: staging copies every
 // block twice (AllGather only the rank's own block once more), which from this size
 // outweighs the wait for the readers' time slices (4 ranks on 2 cores: docs/shared-memory.md).
-inline constexpr uint64_t kAutoOversubscribedAllToAllCmaBytes = 64 << 10;
+inline constexpr uint64_t kAutoOversubscribedAllToAllCmaBytes = 32 << 10;
 
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
 // and AllToAll are ever nonzero.

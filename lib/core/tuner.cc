@@ -206,6 +206,7 @@ TuneContext tune_context(const CommTopology& topology, bool shared_memory,
     context.slice_latency_us = machine.slice_latency_us;
     context.direct_slice_latency_us = machine.direct_slice_latency_us;
     context.sliced_link_bandwidth_gb_s = machine.sliced_link_bandwidth_gb_s;
+    context.sliced_single_copy_bandwidth_gb_s = machine.sliced_single_copy_bandwidth_gb_s;
     context.cached_links = true;
   }
   context.pair_class.resize(static_cast<size_t>(n) * n);
@@ -261,6 +262,8 @@ Tuner::Tuner(TuneContext context) : context_(std::move(context)) {
   network_.direct = Calibration::sliced(context_.direct, share, context_.direct_slice_latency_us);
   network_.single_copy =
       Calibration::sliced(context_.single_copy, share, context_.direct_slice_latency_us);
+  network_.single_copy.bandwidth_gb_s = Calibration::sliced_single_copy_bandwidth(
+      context_.single_copy.bandwidth_gb_s, share, context_.sliced_single_copy_bandwidth_gb_s);
   network_.single_copy_bytes = context_.single_copy_bytes;
   network_.max_steps = context_.max_model_steps;
 }

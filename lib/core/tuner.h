@@ -64,7 +64,8 @@ struct TuneContext {
   double share = 1;
   double slice_latency_us = 0;
   double direct_slice_latency_us = 0;
-  double sliced_link_bandwidth_gb_s = 0;  // the node's links at s = 2 (0: bandwidth / s)
+  double sliced_link_bandwidth_gb_s = 0;         // the node's links at s = 2 (0: bandwidth / s)
+  double sliced_single_copy_bandwidth_gb_s = 0;  // single-copy reads at s = 2 (0: bandwidth / s)
   // The cache tier (Calibration::cache_speedup): memory, direct and, when
   // cached_links, the node's link classes (copies through shared memory).
   double cache_bytes = 0;

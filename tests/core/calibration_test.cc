@@ -54,7 +54,7 @@ double predict_with(const std::string& text, int nranks, Algorithm algorithm, ui
                     uint64_t single_copy_bytes = 0) {
   TunerFile file(
       "call_us 0\ncache_bytes 0\nslice_latency_us 0\ndirect_slice_latency_us 0\n"
-      "sliced_link_bandwidth_gb_s 0\n" +
+      "sliced_link_bandwidth_gb_s 0\nsliced_single_copy_bandwidth_gb_s 0\n" +
       text);
   Calibration machine;
   const Status status = load_calibration(&machine);
@@ -75,6 +75,7 @@ TEST(Calibration, ParsesEveryKey) {
                                 "direct_bandwidth_gb_s 11\nsingle_copy_latency_us 0.9\n"
                                 "single_copy_bandwidth_gb_s 13\n\ncores 3\nslice_latency_us 40\n"
                                 "direct_slice_latency_us 4\nsliced_link_bandwidth_gb_s 2\n"
+                                "sliced_single_copy_bandwidth_gb_s 1.25\n"
                                 "cache_bytes 524288\ncache_bandwidth_gb_s 40\n",
                                 "test", &c)
                   .ok());
@@ -91,6 +92,7 @@ TEST(Calibration, ParsesEveryKey) {
   EXPECT_EQ(c.slice_latency_us, 40);
   EXPECT_EQ(c.direct_slice_latency_us, 4);
   EXPECT_EQ(c.sliced_link_bandwidth_gb_s, 2);
+  EXPECT_EQ(c.sliced_single_copy_bandwidth_gb_s, 1.25);
   EXPECT_EQ(c.cache_bytes, 524288);
   EXPECT_EQ(c.cache_bandwidth_gb_s, 40);
 }
@@ -179,6 +181,32 @@ TEST(Calibration, SingleCopyReadsReachThePredictions) {
     EXPECT_NEAR(predict(single, collective, floor), predict(kBase, collective, 0), 1e-9)
         << algo::collective_name(collective) << " floor " << floor;
   EXPECT_NE(predict(single, Collective::AllGather, 4096), predict(kBase, Collective::AllGather, 0));
+}
+
+// Oversubscribed, a single-copy read runs at the measured throughput at s = 2, scaled by
+// 2 / s for other shares; 0 leaves bandwidth / s.
+TEST(Calibration, OversubscribedSingleCopyReadsFollowTheirMeasuredThroughput) {
+  const uint64_t bytes = 4 << 20;
+  const std::string single = kBase + "single_copy_latency_us 0.9\nsingle_copy_bandwidth_gb_s 10\n";
+  const auto predict = [&](const std::string& text, int nranks) {
+    return predict_with(text, nranks, Algorithm::OneShot, bytes, true, Collective::AllToAll, 4096);
+  };
+  // 4 and 8 ranks on 2 cores: s = 2 and 4; the block is bytes, memory runs at 12 / s.
+  const auto expected = [&](int nranks, double read_gb_s) {
+    const double s = nranks / 2.0;
+    return 2 * 0.15 + bytes / (12e3 / s) + (nranks - 1) * (0.9 + bytes / (read_gb_s * 1e3));
+  };
+  const std::string two_cores = single + "cores 2\n";
+  EXPECT_NEAR(predict(two_cores, 4), expected(4, 5), 1e-6);
+  EXPECT_NEAR(predict(two_cores, 8), expected(8, 2.5), 1e-6);
+  const std::string measured = two_cores + "sliced_single_copy_bandwidth_gb_s 2\n";
+  EXPECT_NEAR(predict(measured, 4), expected(4, 2), 1e-6);
+  EXPECT_NEAR(predict(measured, 8), expected(8, 1), 1e-6);
+  // A core per rank: the key changes nothing.
+  EXPECT_NEAR(predict(single + "sliced_single_copy_bandwidth_gb_s 2\n", 4), predict(single, 4),
+              1e-9);
+  EXPECT_EQ(Calibration::sliced_single_copy_bandwidth(10, 1, 2), 10);
+  EXPECT_EQ(Calibration::sliced_single_copy_bandwidth(10, 4, 0), 2.5);
 }
 
 TEST(Calibration, OversubscribedRanksTimeShareTheCores) {
