@@ -25,6 +25,8 @@ constexpr size_t kLine = 64;
 // depends on the cores (kAutoCmaBytes).
 constexpr uint64_t kMinStagingBytes = 4096;
 constexpr size_t kControlBytes = 512;  // keeps the staging well aligned
+// What a ready word's cache line holds after the word (DirectState::Control::ReadyLine).
+constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
 // Announcements (mismatch detection) follow the control block: the last announced_slots()
 // collectives this rank launched, slot sequence % that. A slot's words: sequence + 1
 // once the call's words are written (0 while they change: a reader that sees the same
@@ -245,10 +247,16 @@ struct DirectState::Control {
   // Per staging half: (last round published in it << kRoundShift) | the call's tag
   // (Job::ready_tag) << 1 | whether this rank needs another round. A peer one round ahead
   // publishes in the other half, so the round being read keeps its `more` bit.
-  alignas(kLine) std::atomic<uint64_t> ready[2] = {0, 0};
+  // A small op's one round travels in the rest of the word's cache line (inline_op): a peer
+  // then takes a single cache miss for the word and the data, not one for each.
+  struct alignas(kLine) ReadyLine {
+    std::atomic<uint64_t> word{0};
+    std::byte data[kInlineBytes];
+  };
+  ReadyLine ready[2];
   // The CPU this rank last published from (sched_getcpu; -1: unknown), written before
-  // `ready` or `offer_op` (note_cpu).
-  std::atomic<int32_t> cpu{-1};
+  // `ready` or `offer_op` when it changed (note_cpu).
+  alignas(kLine) std::atomic<int32_t> cpu{-1};
   alignas(kLine) shm::Doorbell bell;
   // This rank's offer for a zero-copy-capable op: whether peers may read its
   // input in place and how (an Offer). The fields are written first, then
@@ -450,16 +458,22 @@ inline DirectState::Control& DirectState::control(int rank) const {
 }
 
 // The half of `rank`'s staging that the round in progress uses.
-inline const std::byte* DirectState::staging(int rank) const {
-  return stagings_[rank] + ((round_ + 1) % 2) * half_bytes_;
+inline const std::byte* DirectState::staging(int rank, const DirectRun& run) const {
+  const uint64_t half = (round_ + 1) % 2;
+  if (run.inline_data) return controls_[rank]->ready[half].data;
+  return stagings_[rank] + half * half_bytes_;
 }
 
-inline std::byte* DirectState::own_staging() const {
-  return const_cast<std::byte*>(staging(rank_));
+inline std::byte* DirectState::own_staging(const DirectRun& run) const {
+  return const_cast<std::byte*>(staging(rank_, run));
 }
 
 inline void DirectState::note_cpu() const {
-  if (nranks_ > 1) control(rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
+  if (nranks_ == 1) return;
+  // Stored only when it changed: a store would take the line back from a peer that read it.
+  const int cpu = sched_getcpu();
+  std::atomic<int32_t>& noted = control(rank_).cpu;
+  if (noted.load(std::memory_order_relaxed) != cpu) noted.store(cpu, std::memory_order_relaxed);
 }
 
 bool DirectState::shares_cpu_with_peer() const {
@@ -643,7 +657,7 @@ inline bool DirectState::peers_ready(uint64_t round, uint64_t tag, bool* more,
   *more = false;
   *same_call = true;
   for (Control* peer : controls_) {
-    uint64_t ready = peer->ready[round % 2].load(std::memory_order_acquire);
+    uint64_t ready = peer->ready[round % 2].word.load(std::memory_order_acquire);
     if ((ready >> kRoundShift) < round) return false;
     *more = *more || (ready & 1) != 0;
     *same_call = *same_call && ((ready >> 1) & kTagMask) == tag;
@@ -727,6 +741,23 @@ inline bool DirectState::staged_unoffered(const Job& job) const {
              offer_floors_[collective_index(job.direct->collective)];
 }
 
+inline bool DirectState::inline_op(const Job& job) const {
+  // Every rank decides alike: the call and the ranks decide it.
+  const DirectCall& call = *job.direct;
+  if (!shared() || call.algorithm != algo::Algorithm::OneShot || call.count == 0 ||
+      call.collective == algo::Collective::AllToAllv)
+    return false;
+  // AllToAll leaves out the writer's own block (compact_slot).
+  const size_t slots = call.collective == algo::Collective::AllToAll ? nranks_ - 1
+                       : has_slots(call.collective)                  ? nranks_
+                                                                     : 1;
+  return slots * call.count * job.math.element_size <= kInlineBytes;
+}
+
+inline int DirectState::compact_slot(int writer, int reader) {
+  return reader > writer ? reader - 1 : reader;
+}
+
 inline uint64_t DirectState::slot_elements(const Job& job) const {
   size_t slots = has_slots(job.direct->collective) ? nranks_ : 1;
   return staging_bytes_ / 2 / (slots * job.math.element_size);
@@ -766,9 +797,10 @@ void DirectState::prefault_staging(const Job& job, const DirectRun& run) {
   prefaulted_bytes_ = bytes;
 }
 
-inline void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offset_bytes,
-                                    uint64_t count) const {
-  reduce_ranks(job.math, nranks_, dst, count, [&](int q) { return staging(q) + offset_bytes; });
+inline void DirectState::reduce_all(const Job& job, const DirectRun& run, std::byte* dst,
+                                    size_t offset_bytes, uint64_t count) const {
+  reduce_ranks(job.math, nranks_, dst, count,
+               [&](int q) { return staging(q, run) + offset_bytes; });
 }
 
 // Inlined into advance(), its only caller (a call costs a third of a small call's pack).
@@ -777,7 +809,7 @@ inline void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offse
   const DirectCall& call = *job.direct;
   const size_t e = job.math.element_size;
   const uint64_t per_round = run.per_round, step = run.step;
-  std::byte* mine = own_staging();
+  std::byte* mine = own_staging(run);
   bool two_shot = call.algorithm == algo::Algorithm::TwoShot;
   uint64_t chunk = two_shot ? step / 2 : step;
   uint64_t begin = chunk * per_round, length = piece(call.count, chunk, per_round);
@@ -799,8 +831,21 @@ inline void DirectState::reduce_all(const Job& job, std::byte* dst, size_t offse
     case algo::Collective::Broadcast:
       if (rank_ == call.root) copy_bytes(mine, input + begin * e, length * e);
       break;
-    case algo::Collective::ReduceScatter:
     case algo::Collective::AllToAll:
+      if (run.inline_data) {
+        // Only the peers' blocks travel. This rank's own goes straight to its output, once
+        // the others are packed (in place, or a user's overlapping buffers, it may be the
+        // input they were packed from).
+        for (int p = 0; p < nranks_; ++p)
+          if (p != rank_)
+            copy_bytes(mine + compact_slot(rank_, p) * length * e, input + p * call.count * e,
+                       length * e);
+        const size_t own = rank_ * call.count * e;
+        if (job.output + own != input + own) memmove(job.output + own, input + own, length * e);
+        break;
+      }
+      [[fallthrough]];
+    case algo::Collective::ReduceScatter:
       for (int p = 0; p < nranks_; ++p)
         copy_bytes(mine + p * per_round * e, input + (p * call.count + begin) * e, length * e);
       break;
@@ -831,38 +876,43 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
           uint64_t slice_begin = length * q / nranks_, slice_end = length * (q + 1) / nranks_;
           size_t offset = slice_begin * e;
           if (step % 2 == 0 && q == rank_)  // first half: reduce this rank's slice
-            reduce_all(job, out + begin * e + offset, offset, slice_end - slice_begin);
+            reduce_all(job, run, out + begin * e + offset, offset, slice_end - slice_begin);
           else if (step % 2 == 1 && q != rank_)  // second half: gather the others'
-            copy_bytes(out + begin * e + offset, staging(q) + offset,
+            copy_bytes(out + begin * e + offset, staging(q, run) + offset,
                        (slice_end - slice_begin) * e);
         }
         break;
       }
-      reduce_all(job, out + begin * e, 0, length);
+      reduce_all(job, run, out + begin * e, 0, length);
       break;
     case algo::Collective::Reduce:
-      if (rank_ == call.root) reduce_all(job, out + begin * e, 0, length);
+      if (rank_ == call.root) reduce_all(job, run, out + begin * e, 0, length);
       break;
     case algo::Collective::ReduceScatter:
-      reduce_all(job, out + begin * e, rank_ * per_round * e, length);
+      reduce_all(job, run, out + begin * e, rank_ * per_round * e, length);
       break;
     case algo::Collective::AllGather:
       for (int q = 0; q < nranks_; ++q)
-        copy_bytes(out + (q * call.count + begin) * e, staging(q), length * e);
+        copy_bytes(out + (q * call.count + begin) * e, staging(q, run), length * e);
       break;
     case algo::Collective::Broadcast:
       // The root's own output already holds the data when the call is in place.
-      copy_bytes(out + begin * e, staging(call.root), length * e);
+      copy_bytes(out + begin * e, staging(call.root, run), length * e);
       break;
     case algo::Collective::AllToAll:
-      for (int q = 0; q < nranks_; ++q)
-        copy_bytes(out + (q * call.count + begin) * e, staging(q) + rank_ * per_round * e,
-                   length * e);
+      for (int q = 0; q < nranks_; ++q) {
+        if (!run.inline_data)
+          copy_bytes(out + (q * call.count + begin) * e, staging(q, run) + rank_ * per_round * e,
+                     length * e);
+        else if (q != rank_)  // pack wrote this rank's own block
+          copy_bytes(out + q * call.count * e,
+                     staging(q, run) + compact_slot(q, rank_) * length * e, length * e);
+      }
       break;
     case algo::Collective::AllToAllv:
       for (int q = 0; q < nranks_; ++q)
         copy_bytes(out + (call.peers->recv_displs[q] + step * per_round) * e,
-                   staging(q) + rank_ * per_round * e,
+                   staging(q, run) + rank_ * per_round * e,
                    piece(call.peers->recv_counts[q], step, per_round) * e);
       break;
     default:
@@ -877,10 +927,11 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   // Ranks agree on whether an op has rounds at all; then it runs until no
   // rank needs another one.
   if (!run->sized) {
-    run->per_round = slot_elements(job);
+    run->inline_data = inline_op(job);
+    run->per_round = run->inline_data ? job.direct->count : slot_elements(job);
     run->rounds = rounds(job, run->per_round);
     run->sized = true;
-    prefault_staging(job, *run);
+    if (!run->inline_data) prefault_staging(job, *run);
   }
   bool more = run->rounds > 0;
   if (more && run->path == DirectRun::Path::Undecided && lane_op(job))
@@ -905,8 +956,8 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     if (!run->published) {
       run->more = pack(job, input, *run);
       note_cpu();
-      mine.ready[round % 2].store(round << kRoundShift | tag << 1 | (run->more ? 1 : 0),
-                                  std::memory_order_release);
+      mine.ready[round % 2].word.store(round << kRoundShift | tag << 1 | (run->more ? 1 : 0),
+                                       std::memory_order_release);
       ring_peers();
       run->published = true;
     }
@@ -1210,7 +1261,7 @@ std::string DirectState::describe(const DirectRun& run) const {
   } else {
     const uint64_t round = round_ + 1;
     laggards = ranks_where(nranks_, [&](int q) {
-      return (controls_[q]->ready[round % 2].load(std::memory_order_acquire) >> kRoundShift) <
+      return (controls_[q]->ready[round % 2].word.load(std::memory_order_acquire) >> kRoundShift) <
              round;
     });
     what = "direct round " + std::to_string(run.step) + " with the ranks of this node";

@@ -8,7 +8,10 @@
 // the peers' ready: a rank writes round r+1 only after it saw every peer
 // publish round r, which each did only after reading round r-1, the last one
 // in that half. Reductions always combine ranks 0, 1, ..., n-1 in that
-// order, so every rank ends with identical bits.
+// order, so every rank ends with identical bits. A one-shot op whose round
+// fits in the rest of the ready word's cache line (56 bytes; an AllToAll's
+// blocks for its peers only) is written there instead of the staging, so a
+// peer takes one cache miss for the word and the data rather than two.
 //
 // Lanes (WEFT_CHECK=off only): a Broadcast or Reduce of at most kLaneBytes
 // runs in one small slot of a ring of kLanes instead, each slot with its own
@@ -157,6 +160,8 @@ struct DirectRun {
   // rounds as this rank sees them (0: none at all).
   bool sized = false;
   uint64_t per_round = 0, rounds = 0;
+  // The op's one round travels next to the ready words instead of in the staging.
+  bool inline_data = false;
 };
 
 class DirectState {
@@ -250,8 +255,15 @@ class DirectState {
   // The first pair of ranks whose AllToAllv counts for `sequence` (a call of packed
   // `shape`) disagree; "" if none.
   std::string count_mismatch(uint64_t sequence, uint64_t shape) const;
-  const std::byte* staging(int rank) const;
-  std::byte* own_staging() const;
+  // Where rank `rank` writes the round in progress of `run`: its staging's half, or beside
+  // its ready word (inline_data).
+  const std::byte* staging(int rank, const DirectRun& run) const;
+  std::byte* own_staging(const DirectRun& run) const;
+  // Whether the job's one round fits beside the ready word (decided alike on every rank).
+  bool inline_op(const Job& job) const;
+  // An inline AllToAll's slot of rank `writer` that holds its block for `reader` (the
+  // writer's own block has none).
+  static int compact_slot(int writer, int reader);
   // Whether every rank published `round`; *same_call: each with the call's `tag`.
   bool peers_ready(uint64_t round, uint64_t tag, bool* more, bool* same_call) const;
   // Lanes. Whether the job runs in one lane round (decided alike on every rank).
@@ -277,7 +289,8 @@ class DirectState {
   uint64_t slot_elements(const Job& job) const;
   // Maps this rank's staging pages that `job` will write, once (both halves).
   void prefault_staging(const Job& job, const DirectRun& run);
-  void reduce_all(const Job& job, std::byte* dst, size_t offset_bytes, uint64_t count) const;
+  void reduce_all(const Job& job, const DirectRun& run, std::byte* dst, size_t offset_bytes,
+                  uint64_t count) const;
 
   // Zero copy. Whether the op is staged without offers (no peer, a collective that is never
   // read in place, or below every rank's smallest offer).

@@ -48,8 +48,10 @@ const Combo kCombos[] = {
 
 class DirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
 
-// Counts 0, 1, 7, 1000 and one past the (4 KiB) staging of every dtype; `check`: WEFT_CHECK
-// (off: small Broadcasts and Reduces take the lanes).
+// Counts 0, 1, 7, 14 (with 4-byte elements, what fits beside a ready word: one-shot ops up
+// to 56 bytes travel there, and past it on more ranks or wider types), 1000 and one past the
+// (4 KiB) staging of every dtype, in that order, so that small and staged ops alternate;
+// `check`: WEFT_CHECK (off: small Broadcasts and Reduces take the lanes).
 void run_matrix(int nranks, const char* check) {
   RunOptions options;
   options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_CHECK", check}};
@@ -62,7 +64,8 @@ void run_matrix(int nranks, const char* check) {
         int failures = 0;
         for (const Combo& combo : kCombos) {
           weftComm_t comm = combo.algorithm == algo::Algorithm::OneShot ? one_shot : two_shot;
-          for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, kStagingBytes + 5}) {
+          for (size_t count :
+               {size_t{0}, size_t{1}, size_t{7}, size_t{14}, size_t{1000}, kStagingBytes + 5}) {
             for (bool in_place : {false, true}) {
               if (in_place && combo.collective == Collective::AllToAllv) continue;
               for (const auto& [dtype, op] : dtype_ops(combo.collective)) {
