@@ -670,9 +670,10 @@ void ProgressLoop::disarm() {
 }
 
 void ProgressLoop::idle(Clock::time_point now, Deadline deadline, shm::Doorbell* bell,
-                        bool direct_waits) {
+                        bool direct_waits, bool awaited_elsewhere) {
   if (idle_since_ == Clock::time_point()) {
     idle_since_ = now;
+    elsewhere_since_ = Clock::time_point();
     // With more ranks than cores a spinning rank only delays the peer it waits for; so
     // does one that spins for a peer on its own CPU (a 4 KiB AllGather took 15 us instead
     // of 1 with two unbound ranks on one core: docs/performance.md, "Mid-size").
@@ -685,6 +686,10 @@ void ProgressLoop::idle(Clock::time_point now, Deadline deadline, shm::Doorbell*
     });
   }
   if (pure_spin_ && now < idle_since_ + kPureSpin) return;
+  if (awaited_elsewhere) {
+    if (elsewhere_since_ == Clock::time_point()) elsewhere_since_ = now;
+    if (now < elsewhere_since_ + kPureSpin) return;
+  }
   progress_all_communicators();
   if (now < idle_since_ + kYieldSpin) {
     // Oversubscribed cores are normal: let a runnable peer have ours.

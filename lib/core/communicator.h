@@ -338,9 +338,12 @@ class ProgressLoop {
   // an event, a failure, the extra fd or (at most) the deadline. `bell`: only direct jobs wait, for
   // their peers: sleep on this doorbell instead (its first call arms it and returns, so that the
   // caller checks its work once more before sleeping). `direct_waits` without a bell: direct jobs
-  // and transfers both wait, so no sleep exceeds a millisecond.
+  // and transfers both wait, so no sleep exceeds a millisecond. `awaited_elsewhere`: every rank
+  // the caller waits for last ran on another CPU, so a rank sharing this one has nothing they
+  // need: spin for a few microseconds even on an oversubscribed node (a yield would hand the
+  // core to a rank that is waiting too, and cost two context switches for nothing).
   void idle(Clock::time_point now, Deadline deadline, shm::Doorbell* bell = nullptr,
-            bool direct_waits = false);
+            bool direct_waits = false, bool awaited_elsewhere = false);
   // Marks every communicator failed with a timeout naming `what`.
   Status timeout(int64_t timeout_ms, const std::string& what);
   // Leaves the doorbell armed by idle(): before an op finishes, since its communicator (whose
@@ -350,7 +353,8 @@ class ProgressLoop {
  private:
   std::span<Communicator* const> comms_;
   int extra_fd_;
-  Clock::time_point idle_since_;  // zero: not idle
+  Clock::time_point idle_since_;       // zero: not idle
+  Clock::time_point elsewhere_since_;  // this idle spell's first awaited_elsewhere (zero: none)
   bool pure_spin_ = true;
   std::vector<struct pollfd> fds_;
   shm::Doorbell* armed_ = nullptr;  // announced as a sleeper there

@@ -484,6 +484,21 @@ bool DirectState::shares_cpu_with_peer() const {
   return false;
 }
 
+bool DirectState::awaited_elsewhere(const DirectRun& run) const {
+  if (!shared() || run.path != DirectRun::Path::Staging || !run.published) return false;
+  const uint64_t round = round_ + 1;
+  const int cpu = sched_getcpu();
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) continue;
+    const Control& peer = control(q);
+    if ((peer.ready[round % 2].word.load(std::memory_order_acquire) >> kRoundShift) >= round)
+      continue;
+    const int noted = peer.cpu.load(std::memory_order_relaxed);
+    if (noted < 0 || noted == cpu) return false;
+  }
+  return true;
+}
+
 void DirectState::interrupt() {
   if (shm::Doorbell* bell = doorbell()) bell->interrupt();
 }

@@ -236,6 +236,9 @@ class DirectState {
   // rank spins for it (ranks left unbound, or bound to one core), so a wait should
   // yield at once instead of spinning first.
   bool shares_cpu_with_peer() const;
+  // Every rank that `run`, a staged op, still waits for last published from another CPU than
+  // this thread's (false for the other paths, and when a rank's CPU is unknown).
+  bool awaited_elsewhere(const DirectRun& run) const;
 
   // This rank's doorbell: peers ring it after publishing.
   shm::Doorbell* doorbell() { return bell_.load(std::memory_order_acquire); }

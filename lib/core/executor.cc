@@ -529,7 +529,7 @@ Status run_direct_job(Job& job) {
     Clock::time_point now = Clock::now();
     if (deadline == Deadline{}) deadline = now + std::chrono::milliseconds(comm.timeout_ms());
     if (now >= deadline) return loop.timeout(comm.timeout_ms(), direct.describe(run));
-    loop.idle(now, deadline, direct.doorbell(), true);
+    loop.idle(now, deadline, direct.doorbell(), true, direct.awaited_elsewhere(run));
   }
   return finish_job(job, run.same_call);
 }
