@@ -685,11 +685,13 @@ void ProgressLoop::idle(Clock::time_point now, Deadline deadline, shm::Doorbell*
       return true;
     });
   }
+  spinning_ = true;
   if (pure_spin_ && now < idle_since_ + kPureSpin) return;
   if (awaited_elsewhere) {
     if (elsewhere_since_ == Clock::time_point()) elsewhere_since_ = now;
     if (now < elsewhere_since_ + kPureSpin) return;
   }
+  spinning_ = false;
   progress_all_communicators();
   if (now < idle_since_ + kYieldSpin) {
     // Oversubscribed cores are normal: let a runnable peer have ours.

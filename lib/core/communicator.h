@@ -344,6 +344,8 @@ class ProgressLoop {
   // core to a rank that is waiting too, and cost two context switches for nothing).
   void idle(Clock::time_point now, Deadline deadline, shm::Doorbell* bell = nullptr,
             bool direct_waits = false, bool awaited_elsewhere = false);
+  // The last idle() returned to spin (its caller may poll its own work meanwhile).
+  bool spinning() const { return spinning_; }
   // Marks every communicator failed with a timeout naming `what`.
   Status timeout(int64_t timeout_ms, const std::string& what);
   // Leaves the doorbell armed by idle(): before an op finishes, since its communicator (whose
@@ -356,6 +358,7 @@ class ProgressLoop {
   Clock::time_point idle_since_;       // zero: not idle
   Clock::time_point elsewhere_since_;  // this idle spell's first awaited_elsewhere (zero: none)
   bool pure_spin_ = true;
+  bool spinning_ = false;  // spinning()
   std::vector<struct pollfd> fds_;
   shm::Doorbell* armed_ = nullptr;  // announced as a sleeper there
   uint32_t armed_seen_ = 0;
