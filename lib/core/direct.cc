@@ -1099,17 +1099,19 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
   }
   for (Control* peer : controls_)
     if (peer->offer_op.load(std::memory_order_acquire) < op) return false;
-  run->path = Path::ZeroCopy;
   for (Control* peer : controls_)
-    if (peer->offer_kind.load(std::memory_order_relaxed) == Offer::kRefused)
+    if (peer->offer_kind.load(std::memory_order_relaxed) == Offer::kRefused) {
       run->path = Path::Staging;
-  if (run->path == Path::Staging) return true;
+      return true;
+    }
   Status mapped = map_inputs(job, input);
   if (!mapped.ok()) {
-    // The peers read in place already: failing the communicator is the only way out.
+    // The peers read in place already: failing the communicator is the only way out. The
+    // path stays undecided, so that a later advance never reads the inputs left unmapped.
     job.comm->fail(mapped.code(), mapped.message());
     return false;
   }
+  run->path = Path::ZeroCopy;
   return true;
 }
 

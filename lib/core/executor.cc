@@ -506,10 +506,11 @@ Status run_jobs(std::span<Job> jobs) {
 namespace {
 
 // Polls the direct job alone (the peers' ready words) up to kTightPolls times, pausing the
-// core between polls. Returns true once the job is complete; stops early when it progressed.
+// core between polls. Returns true once the job is complete; stops early when it progressed
+// or its communicator failed (the caller's checks return the failure).
 bool poll_direct(DirectState& direct, Job& job, DirectRun* run, bool* progressed) {
   constexpr int kTightPolls = 64;  // a few microseconds: ProgressLoop's pure spin
-  for (int i = 0; i < kTightPolls; ++i) {
+  for (int i = 0; i < kTightPolls && job.comm->async_error() == weftSuccess; ++i) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif

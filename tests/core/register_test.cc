@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -241,6 +242,35 @@ TEST_F(NoLeftovers, LargeMessageIsReadInPlace) {
           EXPECT_EQ(mapped_peer_pids().size(), static_cast<size_t>(context.nranks - 1));
         }
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      options);
+}
+
+// Ranks that read each other's registered inputs in place but pass different counts: each
+// sees a peer's offer of the wrong size, and every rank returns an error (none reads past a
+// peer's input, crashes or waits for the timeout), the first call of a wait and the polls
+// after it alike.
+TEST_F(NoLeftovers, MismatchedCountsReadInPlaceFailEveryRank) {
+  RunOptions options;
+  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_SHM_ZERO_COPY_BYTES", "0"}};
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot, 20000);
+        const size_t count = 1024 * static_cast<size_t>(context.rank + 1);
+        {
+          SharedBuffer in(comm, count * sizeof(int32_t)), out(comm, count * sizeof(int32_t));
+          for (size_t i = 0; i < count; ++i) in.get<int32_t>()[i] = 1;
+          const auto start = std::chrono::steady_clock::now();
+          EXPECT_NE(weftAllReduce(in.get(), out.get(), count, weftInt32, weftSum, comm, nullptr),
+                    weftSuccess);
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
+              << "the mismatch waited for the timeout";
+          EXPECT_NE(std::string(weftGetLastError(comm)), "");
+        }
+        weftCommAbort(comm);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
       options);
