@@ -113,10 +113,15 @@ def measure(args):
     small = [v[0] for s, v in sr.items() if s <= 4096]
     link_latency = max(0.05, statistics.median(small) - call)
     link_bw = bandwidth(out_of_cache(sr), 1, "UCX")
-    # Two ranks, direct one-shot: staging copy, one synchronisation, one read.
+    # Two ranks, direct one-shot: staging copy (at the copy throughput), one
+    # synchronisation, one read fused with the reduction: what the slope leaves
+    # beyond the copy is that read.
     direct = run(2, "allreduce", 8, 16 << 20, 2, env={"WEFT_ALGO": "allreduce:oneshot"})
     direct_latency = max(0.05, direct[8][0] - memory_overhead)
-    direct_bw = bandwidth(out_of_cache(direct), 2, "direct")
+    direct_both = bandwidth(out_of_cache(direct), 1, "direct")
+    direct_bw = None
+    if direct_both is not None and memory_bw is not None and direct_both < memory_bw:
+        direct_bw = 1 / (1 / direct_both - 1 / memory_bw)
     # Two ranks, Broadcast read by cross-memory attach at every size: offer, one read of
     # the root's buffer, done word (two synchronisations).
     single = run(2, "broadcast", 8, 16 << 20, 2,

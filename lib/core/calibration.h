@@ -29,8 +29,9 @@ struct Calibration {
   topo::LinkCost link{8.7, 2.4};
   // Reduce and Copy steps on one core: per-step overhead, throughput.
   algo::LinkTime memory{0.2, 13.9};
-  // Direct algorithms: one synchronisation, staging throughput.
-  algo::LinkTime direct{0.25, 8.8};
+  // Direct algorithms: one synchronisation, the throughput of a read fused with a
+  // reduction (copies into and out of staging run at memory's).
+  algo::LinkTime direct{0.25, 6.4};
   // Direct reads of a peer's buffer by cross-memory attach: per read (the
   // system call), throughput.
   algo::LinkTime single_copy{1.1, 9.8};

@@ -80,9 +80,11 @@ namespace weft {
 
 struct Job;
 
-// WEFT_SHM_CMA_BYTES when unset and the ranks have a core each: with 2 ranks on
-// 2 cores a CMA read beat staging from 8 KiB blocks on (docs/shared-memory.md).
-inline constexpr uint64_t kAutoCmaBytes = 8192;
+// WEFT_SHM_CMA_BYTES when unset and the ranks have a core each. With 2 ranks on 2 cores,
+// staging was 1.3-2x faster than a CMA read up to 512 KiB blocks in both of this host's
+// states; from 1 MiB blocks a staged op takes 2-2.5x longer in the state where cache lines
+// move slowly between the cores, and the CMA read does not (docs/shared-memory.md).
+inline constexpr uint64_t kAutoCmaBytes = 1 << 20;
 // The same for AllToAll when the node's ranks outnumber its cores: staging copies every
 // block twice (AllGather only the rank's own block once more), which from this size
 // outweighs the wait for the readers' time slices (4 ranks on 2 cores: docs/shared-memory.md).
