@@ -56,16 +56,13 @@ double single_copy_time(const Params& params, uint64_t element_size, const CostN
 // needs from the peers' staging buffers (reductions fused with the reads).
 // One-shot reads everything at once; two-shot reduces one n-th of the
 // vector per rank, synchronises again and then gathers the reduced n-ths.
-// Copies into and out of staging run at the copy throughput (memory); only
-// the reads a reduction is fused with run at the direct throughput.
+// The copy into the rank's own staging is a local copy (memory's throughput);
+// the reads move lines another core has just written (the direct throughput).
 double direct_time(const Params& params, uint64_t element_size, const CostNetwork& network) {
   if (reads_in_place(params, element_size, network))
     return single_copy_time(params, element_size, network);
   const int n = params.nranks;
   const double piece = static_cast<double>(params.count * element_size);
-  const bool reduces = params.collective == Collective::AllReduce ||
-                       params.collective == Collective::ReduceScatter ||
-                       params.collective == Collective::Reduce;
   double staging = 0, latency = 0, reading = 0;
   for (int r = 0; r < n; ++r) {
     Params mine = params;
@@ -77,15 +74,13 @@ double direct_time(const Params& params, uint64_t element_size, const CostNetwor
     double reads = 0;
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      latency = std::max(latency, network.direct.latency_us);
-      if (params.algorithm == Algorithm::TwoShot) {  // reduce an n-th, then gather one
-        reads += network.direct.transfer_us(piece / n) + network.memory.transfer_us(piece / n);
-        continue;
-      }
+      const LinkTime& link = network.direct;
       double bytes = piece;  // per peer: its contribution to this rank's output
       if (params.collective == Collective::Broadcast) bytes = p == params.root ? piece : 0;
       if (params.collective == Collective::Reduce && r != params.root) bytes = 0;
-      reads += (reduces ? network.direct : network.memory).transfer_us(bytes);
+      if (params.algorithm == Algorithm::TwoShot) bytes = 2 * piece / n;
+      latency = std::max(latency, link.latency_us);
+      reads += link.transfer_us(bytes);
     }
     reading = std::max(reading, reads);
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Calibrates the cost model on this machine and checks it.
 
-  calibrate.py measure BUILD [-o FILE] [--repeats R]
+  calibrate.py measure BUILD [-o FILE] [--repeats R] [--rounds K]
       measures the model's inputs with weft-perf and writes them as a
       WEFT_TUNER_FILE (lib/core/calibration.h): per-call overhead and copy
       throughput from memory and from the cache (1 rank), UCX latency and
@@ -17,9 +17,11 @@
       size weft-perf prints (8 B to 16 MiB, x8; 100 calls each up to 256 KiB,
       10 above) and rank count.
 
-measure takes the fastest of R runs for each figure, table the
-median and range; the load average is printed, since the development
-machine is shared (docs/tuning.md)."""
+measure takes the fastest of R runs for each figure and, with K rounds of
+the whole measurement, writes each figure's median over the rounds (a host
+that moves between a fast and a slow state gets figures between the two);
+table prints the median and range. The load average is printed, since the
+development machine is shared (docs/tuning.md)."""
 import argparse
 import json
 import os
@@ -96,6 +98,21 @@ def cache_tier(points, memory_bw, what):
 
 
 def measure(args):
+    rounds = [measure_once(args) for _ in range(args.rounds)]
+    text = ("# weft cost-model calibration (bench/perf/calibrate.py measure, %d repeats, "
+            "median of %d rounds)\n# %s\n" % (args.repeats, args.rounds, load()))
+    for key in rounds[0]:
+        values = [figures[key] for figures in rounds if figures.get(key) is not None]
+        if values:  # none: not measurable now, the default stays
+            text += "%s %.4g\n" % (key, statistics.median(values))
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    sys.stdout.write(text)
+
+
+def measure_once(args):
+    """One round: {key: figure, or None where the figure was not measurable}."""
     r = args.repeats
     run = lambda *a, **k: fastest([perf(args.build, *a, **k) for _ in range(r)])
     times = lambda rows: {s: v[0] for s, v in rows.items()}
@@ -114,8 +131,8 @@ def measure(args):
     link_latency = max(0.05, statistics.median(small) - call)
     link_bw = bandwidth(out_of_cache(sr), 1, "UCX")
     # Two ranks, direct one-shot: staging copy (at the copy throughput), one
-    # synchronisation, one read fused with the reduction: what the slope leaves
-    # beyond the copy is that read.
+    # synchronisation, one read of the peer's staging (fused with the reduction):
+    # what the slope leaves beyond the copy is that read.
     direct = run(2, "allreduce", 8, 16 << 20, 2, env={"WEFT_ALGO": "allreduce:oneshot"})
     direct_latency = max(0.05, direct[8][0] - memory_overhead)
     direct_both = bandwidth(out_of_cache(direct), 1, "direct")
@@ -157,25 +174,17 @@ def measure(args):
         if read_us_per_byte > 0:
             sliced_single_bw = (n - 1) / n / read_us_per_byte / 1e3
     print("# " + load(), file=sys.stderr)
-    text = ("# weft cost-model calibration (bench/perf/calibrate.py measure, %d repeats)\n"
-            "# %s\n" % (r, load()))
-    for key, value in [("call_us", call), ("memory_overhead_us", memory_overhead),
-                       ("memory_bandwidth_gb_s", memory_bw), ("cache_bytes", cache_bytes),
-                       ("cache_bandwidth_gb_s", cache_bw), ("link_latency_us", link_latency),
-                       ("link_bandwidth_gb_s", link_bw), ("direct_latency_us", direct_latency),
-                       ("direct_bandwidth_gb_s", direct_bw),
-                       ("single_copy_latency_us", single_latency),
-                       ("single_copy_bandwidth_gb_s", single_bw), ("cores", cores),
-                       ("slice_latency_us", slice_latency),
-                       ("direct_slice_latency_us", direct_slice_latency),
-                       ("sliced_link_bandwidth_gb_s", sliced_link_bw),
-                       ("sliced_single_copy_bandwidth_gb_s", sliced_single_bw)]:
-        if value is not None:  # None: not measurable now, the default stays
-            text += "%s %.4g\n" % (key, value)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    sys.stdout.write(text)
+    return dict([("call_us", call), ("memory_overhead_us", memory_overhead),
+                 ("memory_bandwidth_gb_s", memory_bw), ("cache_bytes", cache_bytes),
+                 ("cache_bandwidth_gb_s", cache_bw), ("link_latency_us", link_latency),
+                 ("link_bandwidth_gb_s", link_bw), ("direct_latency_us", direct_latency),
+                 ("direct_bandwidth_gb_s", direct_bw),
+                 ("single_copy_latency_us", single_latency),
+                 ("single_copy_bandwidth_gb_s", single_bw), ("cores", cores),
+                 ("slice_latency_us", slice_latency),
+                 ("direct_slice_latency_us", direct_slice_latency),
+                 ("sliced_link_bandwidth_gb_s", sliced_link_bw),
+                 ("sliced_single_copy_bandwidth_gb_s", sliced_single_bw)])
 
 
 def table(args):
@@ -225,14 +234,15 @@ def main():
     m.add_argument("build")
     m.add_argument("-o", "--output")
     m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--rounds", type=int, default=1)
     t = sub.add_parser("table")
     t.add_argument("build")
     t.add_argument("--tuner-file")
     t.add_argument("--ranks", default="1,2,4,8")
     t.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    if args.repeats < 1 or getattr(args, "rounds", 1) < 1:
+        parser.error("--repeats and --rounds must be at least 1")
     measure(args) if args.command == "measure" else table(args)
 
 

@@ -1,7 +1,9 @@
 // The cost model's machine inputs: what one call, one message, one copy or
 // reduction and one synchronisation through shared memory cost on this
 // machine, and how ranks that outnumber the cores slow each other. Defaults
-// are the development machine's figures; WEFT_TUNER_FILE names a file
+// are the development machine's figures (docs/perf/calibration-run6.txt:
+// `calibrate.py measure --rounds 9`, each figure's median over the rounds);
+// WEFT_TUNER_FILE names a file
 // written by bench/perf/calibrate.py (docs/tuning.md, "Calibration") that
 // replaces any of them:
 //   # comment
@@ -23,24 +25,25 @@ namespace weft {
 struct Calibration {
   // Host-side cost of one scheduled call (API entry, tuner lookup, job set-up),
   // added to every prediction of a message-based algorithm.
-  double call_us = 0.06;
+  double call_us = 0;
   // Ranks of one node over UCX (every intra-node link class unless a topology
   // file gives costs).
-  topo::LinkCost link{8.7, 2.4};
+  topo::LinkCost link{5.8, 2.26};
   // Reduce and Copy steps on one core: per-step overhead, throughput.
-  algo::LinkTime memory{0.2, 13.9};
-  // Direct algorithms: one synchronisation, the throughput of a read fused with a
-  // reduction (copies into and out of staging run at memory's).
-  algo::LinkTime direct{0.25, 6.4};
+  algo::LinkTime memory{0.2, 25.1};
+  // Direct algorithms: one synchronisation, the throughput of reading what
+  // another core has just written to its staging (the copy into staging is
+  // memory's).
+  algo::LinkTime direct{0.05, 12.6};
   // Direct reads of a peer's buffer by cross-memory attach: per read (the
   // system call), throughput.
-  algo::LinkTime single_copy{1.1, 9.8};
+  algo::LinkTime single_copy{1.84, 7.3};
   // Calls whose larger buffer per rank is up to cache_bytes run their copies
   // (memory, direct, and the node's links) from the cache at
   // cache_bandwidth_gb_s instead of memory_bandwidth; a larger call's first
   // cache_bytes still do (cached_share). 0: one throughput for every size.
-  double cache_bytes = 512 * 1024;
-  double cache_bandwidth_gb_s = 41;
+  double cache_bytes = 730 * 1024;
+  double cache_bandwidth_gb_s = 122;
   // Cores the ranks of one node share; 0: the processors online.
   int cores = 0;
   // Oversubscribed (ranks per node > cores): the ranks time-share the cores,
@@ -50,18 +53,18 @@ struct Calibration {
   // waiters yield the core at once, where a message first needs the
   // receiver's progress engine to run.
   double slice_latency_us = 6.2;
-  double direct_slice_latency_us = 2.2;
+  double direct_slice_latency_us = 2.06;
   // A link's throughput per rank measured with twice as many ranks as cores
   // (s = 2); 0: link_bandwidth / s. Messages lose more than their share of
   // the cores: a rank waiting for one spins on a core its peer needs.
   // Other s follow the same power of s (sliced_link_bandwidth).
-  double sliced_link_bandwidth_gb_s = 3.2;
+  double sliced_link_bandwidth_gb_s = 2.7;
   // A read by cross-memory attach per rank at s = 2 (0: single_copy_bandwidth / s).
   // It also loses more than its share, by the same factor at every s here (one-shot
   // AllToAll at 16 MiB: 4 ranks on 2 cores read at 0.43 of single_copy_bandwidth / 2,
   // 8 ranks at 0.44 of single_copy_bandwidth / 4), so other s scale it by 2 / s
-  // (sliced_single_copy_bandwidth). calibrate.py measured 1.8 and 2.1 GB/s.
-  double sliced_single_copy_bandwidth_gb_s = 2.0;
+  // (sliced_single_copy_bandwidth).
+  double sliced_single_copy_bandwidth_gb_s = 2.42;
 
   // s for `ranks_per_node` ranks on `cores` cores (at least 1).
   static double share(int ranks_per_node, int cores);

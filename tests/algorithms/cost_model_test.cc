@@ -130,21 +130,16 @@ TEST(CostModel, DirectAlgorithmsHaveClosedForms) {
   network.direct = shm;
   const uint64_t count = 1 << 18;
   const double bytes = 4.0 * count;
-  // Copies into and out of staging at the copy throughput; reduce-fused reads at the
-  // direct throughput.
+  // The copy into the rank's own staging at the copy throughput; the reads of the peers'
+  // staging at the direct throughput.
   const double staging = memory.time_us(bytes);
   EXPECT_NEAR(predicted(Collective::AllReduce, Algorithm::OneShot, n, count, network),
               staging + shm.latency_us + (n - 1) * shm.transfer_us(bytes), 1e-6);
   EXPECT_NEAR(predicted(Collective::AllReduce, Algorithm::TwoShot, n, count, network),
-              staging + 2 * shm.latency_us +
-                  (n - 1) * (shm.transfer_us(bytes / n) + memory.transfer_us(bytes / n)),
-              1e-6);
-  // AllGather: every peer's block copied out of staging.
-  EXPECT_NEAR(predicted(Collective::AllGather, Algorithm::OneShot, n, count, network),
-              staging + shm.latency_us + (n - 1) * memory.transfer_us(bytes), 1e-6);
+              staging + 2 * shm.latency_us + 2.0 * (n - 1) / n * shm.transfer_us(bytes), 1e-6);
   // Broadcast: only the root's vector is read, once by every other rank.
   EXPECT_NEAR(predicted(Collective::Broadcast, Algorithm::OneShot, n, count, network),
-              staging + shm.latency_us + memory.transfer_us(bytes), 1e-6);
+              staging + shm.latency_us + shm.transfer_us(bytes), 1e-6);
 }
 
 TEST(CostModel, RefusesWhatItCannotTime) {

@@ -151,8 +151,8 @@ TEST(Calibration, FileValuesReachThePredictions) {
   // S/(n·β) longer.
   EXPECT_NEAR(predict_with(kBase + "link_bandwidth_gb_s 3\n", 4, Algorithm::Ring, bytes),
               base + 6 * (bytes / 4.0) / (6 * 1e3), 1e-6);
-  // Direct one-shot AllReduce: staging copy (at the copy throughput) + one synchronisation +
-  // reduce-fused reads of n-1 peers (at the direct throughput).
+  // Direct one-shot: the copy into staging (at the copy throughput) + one synchronisation +
+  // reading n-1 peers' staging (at the direct throughput).
   const double direct = predict_with(kBase, 4, Algorithm::OneShot, bytes, true);
   EXPECT_NEAR(predict_with(kBase + "direct_latency_us 2.15\n", 4, Algorithm::OneShot, bytes, true),
               direct + 2, 1e-9);

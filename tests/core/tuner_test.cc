@@ -166,6 +166,7 @@ TEST(Tuner, InPlaceAllToAllIsTimedStaged) {
   TuneContext context = cluster(1, 2, false, true);
   context.single_copy_bytes[static_cast<size_t>(Collective::AllToAll)] = 8192;
   context.single_copy_bytes[static_cast<size_t>(Collective::AllGather)] = 8192;
+  context.single_copy = {0.5, 4 * context.direct.bandwidth_gb_s};  // reads clearly cheaper
   Tuner tuner(context);
   const uint64_t bytes = 4 << 20;
   const double read = tuner.predict_us(Collective::AllToAll, Algorithm::OneShot, 0, bytes, false);
