@@ -101,7 +101,7 @@ constexpr EnvVar kEnvTable[] = {
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
      "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "
      "copy); smaller ones are staged. 0 disables it. Unset: 1M while the node has a core per "
-     "rank; when its ranks outnumber its cores, 32K for AllToAll and off for the others.",
+     "rank, off when its ranks outnumber its cores (staging was faster there).",
      EnvKind::kBytes},
 };
 }  // namespace

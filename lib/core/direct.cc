@@ -287,16 +287,9 @@ struct DirectState::Offer {
 
 CmaThresholds cma_thresholds(std::optional<uint64_t> set, bool oversubscribed) {
   CmaThresholds thresholds{};
-  for (size_t c = 0; c < thresholds.size(); ++c) {
-    const auto collective = static_cast<algo::Collective>(c);
-    if (!cma_capable(collective)) continue;
-    if (set)
-      thresholds[c] = *set;
-    else if (!oversubscribed)
-      thresholds[c] = kAutoCmaBytes;
-    else if (collective == algo::Collective::AllToAll)
-      thresholds[c] = kAutoOversubscribedAllToAllCmaBytes;
-  }
+  for (size_t c = 0; c < thresholds.size(); ++c)
+    if (cma_capable(static_cast<algo::Collective>(c)))
+      thresholds[c] = set ? *set : oversubscribed ? 0 : kAutoCmaBytes;
   return thresholds;
 }
 

@@ -50,8 +50,7 @@
 // mix in one op. Only AllGather, Broadcast and AllToAll take it (reductions
 // with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0: never;
 // unset: kAutoCmaBytes unless the node's ranks outnumber its cores, where a
-// rank's read waits for its peer's time slice twice and staging was faster,
-// except for AllToAll's large blocks: kAutoOversubscribedAllToAllCmaBytes).
+// rank's read waits for its peer's time slice twice and staging was faster).
 // Init probes it collectively (every rank reads a word of every peer, skipped
 // when no rank wants CMA); if any pair fails (Yama, a container, another pid
 // namespace), nobody offers CMA.
@@ -85,10 +84,6 @@ struct Job;
 // states; from 1 MiB blocks a staged op takes 2-2.5x longer in the state where cache lines
 // move slowly between the cores, and the CMA read does not (docs/shared-memory.md).
 inline constexpr uint64_t kAutoCmaBytes = 1 << 20;
-// The same for AllToAll when the node's ranks outnumber its cores: staging copies every
-// block twice (AllGather only the rank's own block once more), which from this size
-// outweighs the wait for the readers' time slices (4 ranks on 2 cores: docs/shared-memory.md).
-inline constexpr uint64_t kAutoOversubscribedAllToAllCmaBytes = 32 << 10;
 
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
 // and AllToAll are ever nonzero.

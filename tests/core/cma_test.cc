@@ -196,10 +196,9 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
   }
 }
 
-// Unset, the threshold is kAutoCmaBytes while the node has a core per rank; when the ranks
-// outnumber the cores AllGather is staged and AllToAll reads from
-// kAutoOversubscribedAllToAllCmaBytes
-// once the ranks outnumber the cores (a read would wait for the peer's time slice twice).
+// Unset, the threshold is kAutoCmaBytes while the node has a core per rank; once the ranks
+// outnumber the cores everything is staged (a read would wait for the peer's time slice
+// twice).
 TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   TraceLogs logs;
@@ -208,9 +207,8 @@ TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
     if (nranks > 8) continue;  // a large machine: the oversubscribed case would take long
     const bool oversubscribed = nranks > cores;
     CmaThresholds thresholds{};
-    thresholds[static_cast<size_t>(Collective::AllGather)] = oversubscribed ? 0 : kAutoCmaBytes;
-    thresholds[static_cast<size_t>(Collective::AllToAll)] =
-        oversubscribed ? kAutoOversubscribedAllToAllCmaBytes : kAutoCmaBytes;
+    for (Collective collective : {Collective::AllGather, Collective::AllToAll})
+      thresholds[static_cast<size_t>(collective)] = oversubscribed ? 0 : kAutoCmaBytes;
     SCOPED_TRACE("ranks " + std::to_string(nranks));
     ++cases;
     run_ranks(
@@ -219,12 +217,16 @@ TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
           weftComm_t world = init_comm(context);
           weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
           const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
-          // int8, float16 and float64 blocks on both sides of AllToAll's threshold.
-          const size_t edge = oversubscribed ? kAutoOversubscribedAllToAllCmaBytes : kAutoCmaBytes;
-          const size_t counts[] = {7, edge / 8, edge / 2 - 1, edge / 2, edge - 1, edge + 3};
+          // int8, float16 and float64 blocks on both sides of the threshold; large blocks
+          // where nothing is read by CMA.
+          const size_t edge = kAutoCmaBytes;
+          const std::vector<size_t> counts =
+              oversubscribed
+                  ? std::vector<size_t>{7, 4096, 65536}
+                  : std::vector<size_t>{7, edge / 8, edge / 2 - 1, edge / 2, edge - 1, edge + 3};
           int expected = run_cases(comm, context, collectives, counts, thresholds);
           EXPECT_EQ(cma_reads_logged(), expected);
-          EXPECT_GT(expected, 0);
+          EXPECT_EQ(expected > 0, !oversubscribed);
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
           EXPECT_EQ(weftCommDestroy(world), weftSuccess);
         },
