@@ -38,7 +38,8 @@ struct CostNetwork {
   std::vector<uint8_t> pair_class;  // [from * nranks + to]; empty: class 0 between all pairs
   LinkTime memory{0.05, 10};        // Reduce and Copy steps: per-step overhead, throughput
   // Direct algorithms: one synchronisation through the node's shared memory
-  // (latency) and the copies into and reads from staging (throughput).
+  // (latency) and the reads of the peers' staging (throughput); the copy into
+  // a rank's own staging is timed at `memory`.
   LinkTime direct{0.2, 20};
   // Direct one-shot AllGather, Broadcast and AllToAll blocks of at least
   // single_copy_bytes[collective] (0: never) are read straight out of the peers' buffers

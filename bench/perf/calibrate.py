@@ -19,7 +19,9 @@
 
 measure takes the fastest of R runs for each figure and, with K rounds of
 the whole measurement, writes each figure's median over the rounds (a host
-that moves between a fast and a slow state gets figures between the two);
+that moves between a fast and a slow state gets figures between the two;
+each key's median is taken alone, so a pair such as cache_bytes and
+cache_bandwidth_gb_s may come from different rounds);
 table prints the median and range. The load average is printed, since the
 development machine is shared (docs/tuning.md)."""
 import argparse
@@ -139,6 +141,9 @@ def measure_once(args):
     direct_bw = None
     if direct_both is not None and memory_bw is not None and direct_both < memory_bw:
         direct_bw = 1 / (1 / direct_both - 1 / memory_bw)
+    elif direct_both is not None:
+        print("# direct: the one-shot slope leaves nothing beyond the copy; keeping the default",
+              file=sys.stderr)
     # Two ranks, Broadcast read by cross-memory attach at every size: offer, one read of
     # the root's buffer, done word (two synchronisations).
     single = run(2, "broadcast", 8, 16 << 20, 2,

@@ -80,9 +80,10 @@ namespace weft {
 struct Job;
 
 // WEFT_SHM_CMA_BYTES when unset and the ranks have a core each. With 2 ranks on 2 cores,
-// staging was 1.3-2x faster than a CMA read up to 512 KiB blocks in both of this host's
-// states; from 1 MiB blocks a staged op takes 2-2.5x longer in the state where cache lines
-// move slowly between the cores, and the CMA read does not (docs/shared-memory.md).
+// staging was 1.2-3x faster than a CMA read up to 512 KiB blocks in this host's fast state
+// and at most 1.4x slower in its slow one, where cache lines move slowly between the cores;
+// from 1 MiB blocks a staged op takes 2-2.5x longer there, and the CMA read does not
+// (docs/shared-memory.md).
 inline constexpr uint64_t kAutoCmaBytes = 1 << 20;
 
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
