@@ -853,9 +853,13 @@ void Bootstrap::control_loop() {
     if (leaving_) return;
     if (!status.ok()) {
       lost_ = true;
-      failure_ = "rank " + std::to_string(rank_) +
-                 ": lost the connection to the bootstrap root (its host, " + root_host_ +
-                 ", died or left): " + status.message();
+      // A verdict the root sent before it went (who failed an allgather, who died) names
+      // the cause; the lost connection that follows it must not replace it for a waiter
+      // that has yet to read it.
+      if (failure_.empty())
+        failure_ = "rank " + std::to_string(rank_) +
+                   ": lost the connection to the bootstrap root (its host, " + root_host_ +
+                   ", died or left): " + status.message();
       ready_.notify_all();
       lock.unlock();
       on_failure_(weftRemoteError, failure_);

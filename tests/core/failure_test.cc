@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <string>
 #include <vector>
 
 #include "support/multirank.h"
@@ -155,6 +156,37 @@ TEST(Failure, StoppedPeerFailsEveryoneWithinOneTimeout) {
       options);
   close(victim_pid[0]);
   close(victim_pid[1]);
+}
+
+// Rank 2 never takes part in a split; the bootstrap root (in rank 0's process) fails the
+// split naming it, and rank 0's process leaves at once. Rank 1's error still names rank 2,
+// not the lost connection to the root that follows the verdict. (Here rank 1 reads the
+// verdict before the loss arrives; multinode.cut_nonroot_split, with five ranks on two
+// cores, once saw the loss replace it.)
+TEST(Failure, RootVerdictOutlivesTheRootHostLeaving) {
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    int release[2];
+    ASSERT_EQ(pipe(release), 0);
+    run_ranks(3, [&release](const RankContext& context) {
+      weftComm_t comm = init_comm(context, 1000);
+      if (context.rank == 2) {  // alive, silent until rank 1 has its error
+        char byte = 0;
+        EXPECT_EQ(read(release[0], &byte, 1), 1);
+        EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+        return;
+      }
+      weftComm_t part = nullptr;
+      EXPECT_NE(weftCommSplit(comm, 0, context.rank, &part, nullptr), weftSuccess);
+      const std::string error = weftGetLastError(comm);
+      EXPECT_NE(error.find("rank 2"), std::string::npos) << error;
+      if (context.rank == 0) _exit(::testing::Test::HasFailure() ? 1 : 0);  // leaves at once
+      EXPECT_EQ(write(release[1], "x", 1), 1);
+      EXPECT_EQ(weftCommAbort(comm), weftSuccess);
+    });
+    close(release[0]);
+    close(release[1]);
+  }
 }
 
 TEST(Failure, AbortedPeerIsARemoteErrorForOthers) {
