@@ -85,9 +85,11 @@ double direct_time(const Params& params, uint64_t element_size, const CostNetwor
     reading = std::max(reading, reads);
   }
   // Everyone waits for the slowest staging copy (and, in two-shot, for the
-  // slowest reduced n-th): one latency per synchronisation.
-  const int syncs = params.algorithm == Algorithm::TwoShot ? 2 : 1;
-  return staging + syncs * latency + reading;
+  // slowest reduced n-th, which its rank copies into its staging as a second step):
+  // one latency per synchronisation.
+  const bool two_shot = params.algorithm == Algorithm::TwoShot;
+  if (two_shot) staging += network.memory.time_us(piece / n);
+  return staging + (two_shot ? 2 : 1) * latency + reading;
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
       WEFT_TUNER_FILE (lib/core/calibration.h): per-call overhead and copy
       throughput from memory and from the cache (1 rank), UCX latency and
       bandwidth (2-rank sendrecv), the direct path's synchronisation and
-      throughput (2-rank one-shot AllReduce), a read of a peer's buffer by
+      throughput (2-rank one-shot AllReduce; in the cache, the five one-shot
+      collectives of 16-256 KiB, staged), a read of a peer's buffer by
       cross-memory attach (2-rank one-shot Broadcast), the cores and the slice
       latencies, UCX throughput and single-copy read throughput of
       oversubscribed ranks (sendrecv, one-shot AllReduce and one-shot AllToAll
@@ -32,6 +33,12 @@ import subprocess
 import sys
 
 COLLECTIVES = ["allreduce", "allgather", "reducescatter", "broadcast", "alltoall"]
+
+# A staged one-shot call of nccl-tests size S on 2 ranks: the bytes a rank copies into its
+# staging and the bytes it reads from its peer's, per byte of S (lib/core/direct.cc's pack
+# and unpack). A Broadcast's peer reads the root's staging after the root wrote it.
+STAGED_AND_READ = {"allreduce": (1, 1), "allgather": (0.5, 0.5), "reducescatter": (1, 0.5),
+                   "broadcast": (1, 1), "alltoall": (1, 0.5)}
 
 
 def perf(build, nranks, coll, lo, hi, factor, env=None, iters=10):
@@ -99,6 +106,26 @@ def cache_tier(points, memory_bw, what):
     return cache_bytes, cache_bw
 
 
+def direct_cache_bandwidth(run, cache_bw):
+    """GB/s of a direct read of a peer's staging that fits the cache: per collective, what
+    the 16-256 KiB slope of a staged one-shot call on 2 ranks leaves beyond the staging copy
+    (at the cache's throughput); the median over the collectives, whose reads gain unlike
+    (both cores pulling each other's fresh lines, or one reading the other's)."""
+    if cache_bw is None:
+        return None
+    reads = []
+    for coll, (staged, read) in STAGED_AND_READ.items():
+        rows = run(2, coll, 16 << 10, 256 << 10, 2, iters=100,
+                   env={"WEFT_ALGO": coll + ":oneshot", "WEFT_SHM_CMA_BYTES": "0"})
+        size_bw = bandwidth([(s, v[0]) for s, v in rows.items()], 1, coll + " in cache")
+        if size_bw is None:
+            continue
+        read_us_per_byte = 1 / (size_bw * 1e3) - staged / (cache_bw * 1e3)
+        if read_us_per_byte > 0:
+            reads.append(read / read_us_per_byte / 1e3)
+    return statistics.median(reads) if reads else None
+
+
 def measure(args):
     rounds = [measure_once(args) for _ in range(args.rounds)]
     text = ("# weft cost-model calibration (bench/perf/calibrate.py measure, %d repeats, "
@@ -144,6 +171,7 @@ def measure_once(args):
     elif direct_both is not None:
         print("# direct: the one-shot slope leaves nothing beyond the copy; keeping the default",
               file=sys.stderr)
+    direct_cache_bw = direct_cache_bandwidth(run, cache_bw)
     # Two ranks, Broadcast read by cross-memory attach at every size: offer, one read of
     # the root's buffer, done word (two synchronisations).
     single = run(2, "broadcast", 8, 16 << 20, 2,
@@ -184,6 +212,7 @@ def measure_once(args):
                  ("cache_bandwidth_gb_s", cache_bw), ("link_latency_us", link_latency),
                  ("link_bandwidth_gb_s", link_bw), ("direct_latency_us", direct_latency),
                  ("direct_bandwidth_gb_s", direct_bw),
+                 ("direct_cache_bandwidth_gb_s", direct_cache_bw),
                  ("single_copy_latency_us", single_latency),
                  ("single_copy_bandwidth_gb_s", single_bw), ("cores", cores),
                  ("slice_latency_us", slice_latency),

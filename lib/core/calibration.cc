@@ -34,6 +34,7 @@ double* field_of(Calibration* c, std::string_view key, bool* zero_ok) {
     return *zero_ok = true, &c->sliced_single_copy_bandwidth_gb_s;
   if (key == "cache_bytes") return *zero_ok = true, &c->cache_bytes;
   if (key == "cache_bandwidth_gb_s") return *zero_ok = true, &c->cache_bandwidth_gb_s;
+  if (key == "direct_cache_bandwidth_gb_s") return *zero_ok = true, &c->direct_cache_bandwidth_gb_s;
   return nullptr;
 }
 
@@ -42,7 +43,7 @@ constexpr const char* kKeys =
     "direct_latency_us, direct_bandwidth_gb_s, single_copy_latency_us, "
     "single_copy_bandwidth_gb_s, cores, slice_latency_us, "
     "direct_slice_latency_us, sliced_link_bandwidth_gb_s, sliced_single_copy_bandwidth_gb_s, "
-    "cache_bytes, cache_bandwidth_gb_s";
+    "cache_bytes, cache_bandwidth_gb_s, direct_cache_bandwidth_gb_s";
 
 }  // namespace
 

@@ -39,11 +39,17 @@ struct Calibration {
   // system call), throughput.
   algo::LinkTime single_copy{1.84, 7.3};
   // Calls whose larger buffer per rank is up to cache_bytes run their copies
-  // (memory, direct, and the node's links) from the cache at
-  // cache_bandwidth_gb_s instead of memory_bandwidth; a larger call's first
-  // cache_bytes still do (cached_share). 0: one throughput for every size.
+  // (memory and CMA reads) from the cache at cache_bandwidth_gb_s instead of
+  // memory_bandwidth; a larger call's first cache_bytes still do (cache_speedup).
+  // 0: one throughput for every size.
   double cache_bytes = 730 * 1024;
   double cache_bandwidth_gb_s = 122;
+  // What moves lines between cores gains less from the cache than a rank's own copies
+  // (docs/tuning.md, run 7): direct reads of a peer's staging run at
+  // direct_cache_bandwidth_gb_s instead of direct_bandwidth while the input per rank
+  // (what a peer stages) fits cache_bytes, and the node's links gain by the same
+  // factor while the larger buffer does. 0: both take the copies' factor.
+  double direct_cache_bandwidth_gb_s = 32.4;
   // Cores the ranks of one node share; 0: the processors online.
   int cores = 0;
   // Oversubscribed (ranks per node > cores): the ranks time-share the cores,

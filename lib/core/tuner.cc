@@ -181,6 +181,7 @@ void set_local_costs(const Calibration& machine, TuneContext* context) {
   context->call_us = machine.call_us;
   context->cache_bytes = machine.cache_bytes;
   context->cache_bandwidth_gb_s = machine.cache_bandwidth_gb_s;
+  context->direct_cache_bandwidth_gb_s = machine.direct_cache_bandwidth_gb_s;
 }
 
 }  // namespace
@@ -282,12 +283,26 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
   return predict_us(collective, algorithm, chunk_bytes, bytes, in_place, network_);
 }
 
-double Tuner::cache_speedup(algo::Collective collective, uint64_t bytes) const {
+Tuner::Speedups Tuner::cache_speedups(algo::Collective collective, uint64_t bytes) const {
   const int n = context_.nranks;
-  const uint64_t largest = std::max(algo::input_count(collective, n, true, bytes),
-                                    algo::output_count(collective, n, true, bytes));
-  return Calibration::cache_speedup(static_cast<double>(largest), context_.cache_bytes,
-                                    context_.cache_bandwidth_gb_s, context_.memory.bandwidth_gb_s);
+  const uint64_t input = algo::input_count(collective, n, true, bytes);
+  const uint64_t largest = std::max(input, algo::output_count(collective, n, true, bytes));
+  const auto speedup = [&](uint64_t bytes, double cache_gb_s, double gb_s) {
+    return Calibration::cache_speedup(static_cast<double>(bytes), context_.cache_bytes, cache_gb_s,
+                                      gb_s);
+  };
+  Speedups out;
+  out.copies = speedup(largest, context_.cache_bandwidth_gb_s, context_.memory.bandwidth_gb_s);
+  if (context_.direct_cache_bandwidth_gb_s <= 0) {
+    out.direct_reads = out.links = out.copies;
+    return out;
+  }
+  // A direct read takes what a peer just staged: its input. A message may carry any part
+  // of the call's buffers.
+  const double direct_gb_s = context_.direct.bandwidth_gb_s;
+  out.direct_reads = speedup(input, context_.direct_cache_bandwidth_gb_s, direct_gb_s);
+  out.links = speedup(largest, context_.direct_cache_bandwidth_gb_s, direct_gb_s);
+  return out;
 }
 
 double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
@@ -299,18 +314,19 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
   params.in_place = in_place;
   algo::CostResult result;
   std::string error;
-  const double speedup = cache_speedup(collective, bytes);
+  const Speedups speedup = cache_speedups(collective, bytes);
+  const bool cached = speedup.copies != 1 || speedup.direct_reads != 1 || speedup.links != 1;
   algo::CostNetwork faster;
-  if (speedup != 1) {
+  if (cached) {
     faster = network;
-    faster.memory.bandwidth_gb_s *= speedup;
-    faster.direct.bandwidth_gb_s *= speedup;
-    faster.single_copy.bandwidth_gb_s *= speedup;
+    faster.memory.bandwidth_gb_s *= speedup.copies;
+    faster.single_copy.bandwidth_gb_s *= speedup.copies;
+    faster.direct.bandwidth_gb_s *= speedup.direct_reads;
     if (context_.cached_links)
       for (topo::LinkClass link : kNodeLinks)
-        faster.classes[static_cast<int>(link)].bandwidth_gb_s *= speedup;
+        faster.classes[static_cast<int>(link)].bandwidth_gb_s *= speedup.links;
   }
-  if (!algo::predict(params, 1, speedup != 1 ? faster : network, &result, &error)) return -1;
+  if (!algo::predict(params, 1, cached ? faster : network, &result, &error)) return -1;
   // The host-side cost of a call, time-sliced like the rest of the rank's work.
   return result.time_us + (algo::is_direct(algorithm) ? 0 : context_.call_us * context_.share);
 }

@@ -66,10 +66,12 @@ struct TuneContext {
   double direct_slice_latency_us = 0;
   double sliced_link_bandwidth_gb_s = 0;         // the node's links at s = 2 (0: bandwidth / s)
   double sliced_single_copy_bandwidth_gb_s = 0;  // single-copy reads at s = 2 (0: bandwidth / s)
-  // The cache tier (Calibration::cache_speedup): memory, direct and, when
-  // cached_links, the node's link classes (copies through shared memory).
+  // The cache tier (Calibration::cache_speedup): memory and single-copy reads at
+  // cache_bandwidth_gb_s; direct reads and, when cached_links, the node's link classes
+  // (copies through shared memory) at direct_cache_bandwidth_gb_s (0: the same factor).
   double cache_bytes = 0;
   double cache_bandwidth_gb_s = 0;
+  double direct_cache_bandwidth_gb_s = 0;
   bool cached_links = false;
   bool shared_memory = false;  // all ranks on one real node sharing memory: direct algorithms
   AlgorithmOverrides overrides;
@@ -156,8 +158,12 @@ class Tuner {
     const int c = static_cast<int>(collective);
     return in_place && algo::timed_by_placement(collective) ? algo::kNumCollectives + c : c;
   }
-  // How much faster copies run in a call of `bytes` that fits (partly) in the cache.
-  double cache_speedup(algo::Collective collective, uint64_t bytes) const;
+  // How much faster a rank's own copies, its direct reads of the peers' staging and the
+  // node's links run in a call of `bytes` that fits (partly) in the cache.
+  struct Speedups {
+    double copies = 1, direct_reads = 1, links = 1;
+  };
+  Speedups cache_speedups(algo::Collective collective, uint64_t bytes) const;
 
   TuneContext context_;
   algo::CostNetwork network_;

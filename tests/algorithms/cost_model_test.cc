@@ -135,8 +135,11 @@ TEST(CostModel, DirectAlgorithmsHaveClosedForms) {
   const double staging = memory.time_us(bytes);
   EXPECT_NEAR(predicted(Collective::AllReduce, Algorithm::OneShot, n, count, network),
               staging + shm.latency_us + (n - 1) * shm.transfer_us(bytes), 1e-6);
+  // Two-shot: a second copy, of the rank's reduced n-th, and a second synchronisation.
   EXPECT_NEAR(predicted(Collective::AllReduce, Algorithm::TwoShot, n, count, network),
-              staging + 2 * shm.latency_us + 2.0 * (n - 1) / n * shm.transfer_us(bytes), 1e-6);
+              staging + memory.time_us(bytes / n) + 2 * shm.latency_us +
+                  2.0 * (n - 1) / n * shm.transfer_us(bytes),
+              1e-6);
   // Broadcast: only the root's vector is read, once by every other rank.
   EXPECT_NEAR(predicted(Collective::Broadcast, Algorithm::OneShot, n, count, network),
               staging + shm.latency_us + shm.transfer_us(bytes), 1e-6);

@@ -76,7 +76,8 @@ TEST(Calibration, ParsesEveryKey) {
                                 "single_copy_bandwidth_gb_s 13\n\ncores 3\nslice_latency_us 40\n"
                                 "direct_slice_latency_us 4\nsliced_link_bandwidth_gb_s 2\n"
                                 "sliced_single_copy_bandwidth_gb_s 1.25\n"
-                                "cache_bytes 524288\ncache_bandwidth_gb_s 40\n",
+                                "cache_bytes 524288\ncache_bandwidth_gb_s 40\n"
+                                "direct_cache_bandwidth_gb_s 30\n",
                                 "test", &c)
                   .ok());
   EXPECT_EQ(c.call_us, 1.5);
@@ -95,6 +96,7 @@ TEST(Calibration, ParsesEveryKey) {
   EXPECT_EQ(c.sliced_single_copy_bandwidth_gb_s, 1.25);
   EXPECT_EQ(c.cache_bytes, 524288);
   EXPECT_EQ(c.cache_bandwidth_gb_s, 40);
+  EXPECT_EQ(c.direct_cache_bandwidth_gb_s, 30);
 }
 
 TEST(Calibration, BadFilesNameTheLineAndKey) {
@@ -247,9 +249,11 @@ TEST(Calibration, OversubscribedRanksTimeShareTheCores) {
 }
 
 TEST(Calibration, CallsThatFitTheCacheCopyAtTheCachesSpeed) {
-  // Memory 12 GB/s, cache 24 GB/s up to 1 MiB: a call that fits runs every copy,
-  // UCX message and direct read at twice the calibrated throughput.
-  const std::string cached = kBase + "cache_bytes 1048576\ncache_bandwidth_gb_s 24\n";
+  // Memory 12 GB/s, cache 24 GB/s up to 1 MiB, and no cache figure of the transfers
+  // between cores: a call that fits runs every copy, UCX message and direct read at twice
+  // the calibrated throughput.
+  const std::string cached =
+      kBase + "cache_bytes 1048576\ncache_bandwidth_gb_s 24\ndirect_cache_bandwidth_gb_s 0\n";
   const std::string doubled =
       "cores 8\nlink_latency_us 1\nlink_bandwidth_gb_s 12\nmemory_overhead_us 0.2\n"
       "memory_bandwidth_gb_s 24\ndirect_latency_us 0.15\ndirect_bandwidth_gb_s 50\n";
@@ -267,6 +271,45 @@ TEST(Calibration, CallsThatFitTheCacheCopyAtTheCachesSpeed) {
   const double uncached = predict_with(kBase, 4, Algorithm::Ring, 64 << 20);
   EXPECT_LT(large, uncached);
   EXPECT_GT(large, uncached * 0.95);
+}
+
+TEST(Calibration, TransfersBetweenCoresHaveTheirOwnCacheTier) {
+  // Copies double in the cache (24 against 12 GB/s); direct reads triple (75 against 25),
+  // and the node's UCX links gain by that same factor (6 to 18 GB/s).
+  const std::string cached =
+      kBase + "cache_bytes 1048576\ncache_bandwidth_gb_s 24\ndirect_cache_bandwidth_gb_s 75\n";
+  const std::string equivalent =
+      "cores 8\nlink_latency_us 1\nlink_bandwidth_gb_s 18\nmemory_overhead_us 0.2\n"
+      "memory_bandwidth_gb_s 24\ndirect_latency_us 0.15\ndirect_bandwidth_gb_s 75\n";
+  for (Algorithm algorithm : {Algorithm::Ring, Algorithm::OneShot}) {
+    const bool direct = algorithm == Algorithm::OneShot;
+    EXPECT_NEAR(predict_with(cached, 4, algorithm, 256 << 10, direct),
+                predict_with(equivalent, 4, algorithm, 256 << 10, direct), 1e-6)
+        << algo::algorithm_name(algorithm);
+  }
+  // The reads' tier is judged by the input a peer staged, the copies' by the larger buffer:
+  // a 4-rank AllGather of 512 KiB per rank stages them all in the cache (reads at 75)
+  // and writes 2 MiB (its first MiB at 24 GB/s, the second at 12: 16 GB/s).
+  const std::string gathered =
+      "cores 8\nlink_latency_us 1\nlink_bandwidth_gb_s 6\nmemory_overhead_us 0.2\n"
+      "memory_bandwidth_gb_s 16\ndirect_latency_us 0.15\ndirect_bandwidth_gb_s 75\n";
+  EXPECT_NEAR(predict_with(cached, 4, Algorithm::OneShot, 512 << 10, true, Collective::AllGather),
+              predict_with(gathered, 4, Algorithm::OneShot, 512 << 10, true, Collective::AllGather),
+              1e-6);
+  // Its ring's messages are judged by the 2 MiB too: the first MiB at 75 GB/s, the second at
+  // 25, so the links gain 1.5x (9 GB/s).
+  const std::string ring_gathered =
+      "cores 8\nlink_latency_us 1\nlink_bandwidth_gb_s 9\nmemory_overhead_us 0.2\n"
+      "memory_bandwidth_gb_s 16\ndirect_latency_us 0.15\ndirect_bandwidth_gb_s 25\n";
+  EXPECT_NEAR(
+      predict_with(cached, 4, Algorithm::Ring, 512 << 10, true, Collective::AllGather),
+      predict_with(ring_gathered, 4, Algorithm::Ring, 512 << 10, true, Collective::AllGather),
+      1e-6);
+  // Cache figures no faster than memory_bandwidth and direct_bandwidth gain nothing.
+  EXPECT_NEAR(predict_with(kBase + "cache_bytes 1048576\ncache_bandwidth_gb_s 12\n"
+                                   "direct_cache_bandwidth_gb_s 20\n",
+                           2, Algorithm::OneShot, 256 << 10, true),
+              predict_with(kBase, 2, Algorithm::OneShot, 256 << 10, true), 1e-6);
 }
 
 }  // namespace
