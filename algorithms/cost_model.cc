@@ -74,12 +74,11 @@ double direct_time(const Params& params, uint64_t element_size, const CostNetwor
     double reads = 0;
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      // A Broadcast's readers read the root's staging at the copy throughput: in the
-      // exchanges, every rank reads lines its peers wrote while they read its own
-      // (2 ranks, 16-256 KiB in the cache: 56 GB/s against 16-32, docs/tuning.md run 7).
+      // A Broadcast's readers read the root's staging undisturbed (docs/tuning.md, run 7).
       LinkTime link = network.direct;
       if (params.collective == Collective::Broadcast)
-        link.bandwidth_gb_s = network.memory.bandwidth_gb_s;
+        link.bandwidth_gb_s =
+            network.quiet_read_gb_s > 0 ? network.quiet_read_gb_s : network.memory.bandwidth_gb_s;
       double bytes = piece;  // per peer: its contribution to this rank's output
       if (params.collective == Collective::Broadcast) bytes = p == params.root ? piece : 0;
       if (params.collective == Collective::Reduce && r != params.root) bytes = 0;

@@ -47,6 +47,9 @@ struct CostNetwork {
   // readers tell the owner they are done), each peer's block one read.
   LinkTime single_copy{1.0, 12};
   std::array<uint64_t, kNumCollectives> single_copy_bytes{};
+  // Throughput of reading a staging no rank writes while it is read (a Broadcast's root's:
+  // in the exchanges every rank's lines are read while it reads its peers'); 0: memory's.
+  double quiet_read_gb_s = 0;
   uint64_t max_steps = uint64_t{4} << 20;  // programs larger in all are refused (memory)
   // Link classes (a bit per class) whose transfers are copies made by the ranks' own cores
   // (UCX through shared memory): a send there takes the sender's compute port, so it does

@@ -80,6 +80,7 @@ double Calibration::cache_speedup(double bytes, double cache_bytes, double cache
 
 Status parse_calibration(std::string_view text, const std::string& source, Calibration* out) {
   int line_number = 0;
+  bool direct_given = false, direct_cache_given = false;
   while (!text.empty()) {
     const size_t end = std::min(text.find('\n'), text.size());
     std::string_view line = text.substr(0, end);
@@ -113,7 +114,13 @@ Status parse_calibration(std::string_view text, const std::string& source, Calib
       return Error(weftInvalidArgument, "%s line %d: %s must be positive", source.c_str(),
                    line_number, key.c_str());
     *field = number;
+    direct_given = direct_given || field == &out->direct.bandwidth_gb_s;
+    direct_cache_given = direct_cache_given || field == &out->direct_cache_bandwidth_gb_s;
   }
+  // The default direct_cache_bandwidth_gb_s goes with the default direct_bandwidth_gb_s
+  // only: a file that measured its own direct figure but not this one (written before the
+  // key, or where calibrate.py could not measure it) keeps the copies' factor.
+  if (direct_given && !direct_cache_given) out->direct_cache_bandwidth_gb_s = 0;
   return Status::Ok();
 }
 

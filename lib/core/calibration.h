@@ -2,7 +2,8 @@
 // reduction and one synchronisation through shared memory cost on this
 // machine, and how ranks that outnumber the cores slow each other. Defaults
 // are the development machine's figures (docs/perf/calibration-run6.txt:
-// `calibrate.py measure --rounds 9`, each figure's median over the rounds);
+// `calibrate.py measure --rounds 9`, each figure's median over the rounds;
+// direct_cache_bandwidth_gb_s from run 7, `--rounds 7`);
 // WEFT_TUNER_FILE names a file
 // written by bench/perf/calibrate.py (docs/tuning.md, "Calibration") that
 // replaces any of them:
@@ -48,8 +49,9 @@ struct Calibration {
   // (docs/tuning.md, run 7): direct reads of a peer's staging run at
   // direct_cache_bandwidth_gb_s instead of direct_bandwidth while the input per rank
   // (what a peer stages) fits cache_bytes, and the node's links gain by the same
-  // factor while the larger buffer does. 0: both take the copies' factor.
-  double direct_cache_bandwidth_gb_s = 32.4;
+  // factor while the larger buffer does. 0: both take the copies' factor, as they do
+  // for a file that gives direct_bandwidth_gb_s without this key.
+  double direct_cache_bandwidth_gb_s = 22.3;
   // Cores the ranks of one node share; 0: the processors online.
   int cores = 0;
   // Oversubscribed (ranks per node > cores): the ranks time-share the cores,

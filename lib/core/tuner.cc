@@ -287,9 +287,9 @@ Tuner::Speedups Tuner::cache_speedups(algo::Collective collective, uint64_t byte
   const int n = context_.nranks;
   const uint64_t input = algo::input_count(collective, n, true, bytes);
   const uint64_t largest = std::max(input, algo::output_count(collective, n, true, bytes));
-  const auto speedup = [&](uint64_t bytes, double cache_gb_s, double gb_s) {
-    return Calibration::cache_speedup(static_cast<double>(bytes), context_.cache_bytes, cache_gb_s,
-                                      gb_s);
+  const auto speedup = [&](uint64_t buffer_bytes, double cache_gb_s, double gb_s) {
+    return Calibration::cache_speedup(static_cast<double>(buffer_bytes), context_.cache_bytes,
+                                      cache_gb_s, gb_s);
   };
   Speedups out;
   out.copies = speedup(largest, context_.cache_bandwidth_gb_s, context_.memory.bandwidth_gb_s);
@@ -322,6 +322,9 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
     faster.memory.bandwidth_gb_s *= speedup.copies;
     faster.single_copy.bandwidth_gb_s *= speedup.copies;
     faster.direct.bandwidth_gb_s *= speedup.direct_reads;
+    // Out of the cache a Broadcast's readers read at the copy throughput; in it they move
+    // lines between cores as the direct reads do.
+    faster.quiet_read_gb_s = network.memory.bandwidth_gb_s * speedup.direct_reads;
     if (context_.cached_links)
       for (topo::LinkClass link : kNodeLinks)
         faster.classes[static_cast<int>(link)].bandwidth_gb_s *= speedup.links;

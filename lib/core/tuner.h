@@ -67,8 +67,9 @@ struct TuneContext {
   double sliced_link_bandwidth_gb_s = 0;         // the node's links at s = 2 (0: bandwidth / s)
   double sliced_single_copy_bandwidth_gb_s = 0;  // single-copy reads at s = 2 (0: bandwidth / s)
   // The cache tier (Calibration::cache_speedup): memory and single-copy reads at
-  // cache_bandwidth_gb_s; direct reads and, when cached_links, the node's link classes
-  // (copies through shared memory) at direct_cache_bandwidth_gb_s (0: the same factor).
+  // cache_bandwidth_gb_s; direct reads at direct_cache_bandwidth_gb_s, and, when
+  // cached_links, the node's link classes (copies through shared memory) by its ratio to
+  // direct's (0: the copies' factor for both).
   double cache_bytes = 0;
   double cache_bandwidth_gb_s = 0;
   double direct_cache_bandwidth_gb_s = 0;

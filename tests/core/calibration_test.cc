@@ -99,6 +99,21 @@ TEST(Calibration, ParsesEveryKey) {
   EXPECT_EQ(c.direct_cache_bandwidth_gb_s, 30);
 }
 
+TEST(Calibration, AFileWithItsOwnDirectFigureKeepsTheCopiesFactorForIt) {
+  // The default cache figure of the direct reads belongs to the default direct figure.
+  Calibration own;
+  ASSERT_TRUE(parse_calibration("direct_bandwidth_gb_s 40\n", "test", &own).ok());
+  EXPECT_EQ(own.direct_cache_bandwidth_gb_s, 0);
+  Calibration both;
+  ASSERT_TRUE(
+      parse_calibration("direct_bandwidth_gb_s 40\ndirect_cache_bandwidth_gb_s 60\n", "t", &both)
+          .ok());
+  EXPECT_EQ(both.direct_cache_bandwidth_gb_s, 60);
+  Calibration other;
+  ASSERT_TRUE(parse_calibration("memory_bandwidth_gb_s 20\n", "test", &other).ok());
+  EXPECT_EQ(other.direct_cache_bandwidth_gb_s, Calibration().direct_cache_bandwidth_gb_s);
+}
+
 TEST(Calibration, BadFilesNameTheLineAndKey) {
   const auto error = [](const char* text) {
     Calibration c;
@@ -305,6 +320,11 @@ TEST(Calibration, TransfersBetweenCoresHaveTheirOwnCacheTier) {
       predict_with(cached, 4, Algorithm::Ring, 512 << 10, true, Collective::AllGather),
       predict_with(ring_gathered, 4, Algorithm::Ring, 512 << 10, true, Collective::AllGather),
       1e-6);
+  // A Broadcast's readers read at the copy throughput gained by the reads' factor (12 GB/s
+  // times 3); the root's staging copy at the copies' (24 GB/s).
+  const double bytes = 256 << 10;
+  EXPECT_NEAR(predict_with(cached, 4, Algorithm::OneShot, 256 << 10, true, Collective::Broadcast),
+              0.2 + bytes / 24e3 + 0.15 + bytes / 36e3, 1e-6);
   // Cache figures no faster than memory_bandwidth and direct_bandwidth gain nothing.
   EXPECT_NEAR(predict_with(kBase + "cache_bytes 1048576\ncache_bandwidth_gb_s 12\n"
                                    "direct_cache_bandwidth_gb_s 20\n",
