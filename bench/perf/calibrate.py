@@ -39,7 +39,7 @@ COLLECTIVES = ["allreduce", "allgather", "reducescatter", "broadcast", "alltoall
 # the bytes it reads from its peer's, per byte of S. (Reads of its own staging, which
 # AllReduce, AllGather, ReduceScatter and AllToAll also make, are not timed apart.)
 # Broadcast is left out: its readers read a staging nobody writes meanwhile, timed at
-# the copy throughput.
+# the copy throughput (gained in the cache by this figure's factor).
 STAGED_AND_READ = {"allreduce": (1, 1), "allgather": (0.5, 0.5), "reducescatter": (1, 0.5),
                    "alltoall": (1, 0.5)}
 

@@ -323,8 +323,9 @@ double Tuner::predict_us(algo::Collective collective, algo::Algorithm algorithm,
     faster.single_copy.bandwidth_gb_s *= speedup.copies;
     faster.direct.bandwidth_gb_s *= speedup.direct_reads;
     // Out of the cache a Broadcast's readers read at the copy throughput; in it they move
-    // lines between cores as the direct reads do.
-    faster.quiet_read_gb_s = network.memory.bandwidth_gb_s * speedup.direct_reads;
+    // lines between cores as the direct reads do, never faster than the rank's own copy.
+    faster.quiet_read_gb_s = std::min(network.memory.bandwidth_gb_s * speedup.direct_reads,
+                                      faster.memory.bandwidth_gb_s);
     if (context_.cached_links)
       for (topo::LinkClass link : kNodeLinks)
         faster.classes[static_cast<int>(link)].bandwidth_gb_s *= speedup.links;
