@@ -64,6 +64,11 @@ double direct_time(const Params& params, uint64_t element_size, const CostNetwor
   const int n = params.nranks;
   const double piece = static_cast<double>(params.count * element_size);
   double staging = 0, latency = 0, reading = 0;
+  // A Broadcast's readers read the root's staging undisturbed (docs/tuning.md, run 7).
+  LinkTime link = network.direct;
+  if (params.collective == Collective::Broadcast)
+    link.bandwidth_gb_s =
+        network.quiet_read_gb_s > 0 ? network.quiet_read_gb_s : network.memory.bandwidth_gb_s;
   for (int r = 0; r < n; ++r) {
     Params mine = params;
     mine.rank = r;
@@ -74,11 +79,6 @@ double direct_time(const Params& params, uint64_t element_size, const CostNetwor
     double reads = 0;
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      // A Broadcast's readers read the root's staging undisturbed (docs/tuning.md, run 7).
-      LinkTime link = network.direct;
-      if (params.collective == Collective::Broadcast)
-        link.bandwidth_gb_s =
-            network.quiet_read_gb_s > 0 ? network.quiet_read_gb_s : network.memory.bandwidth_gb_s;
       double bytes = piece;  // per peer: its contribution to this rank's output
       if (params.collective == Collective::Broadcast) bytes = p == params.root ? piece : 0;
       if (params.collective == Collective::Reduce && r != params.root) bytes = 0;
