@@ -97,6 +97,11 @@ constexpr EnvVar kEnvTable[] = {
      "(POSIX-fd handles where every rank's GPU offers them, else legacy CUDA IPC), posix-fd, or "
      "legacy. Ranks that are threads of one process use plain pointers.",
      EnvKind::kChoice, 0, UINT64_MAX, "auto|posix-fd|legacy"},
+    {"WEFT_SHM_STREAM_BYTES", "1M",
+     "Smallest direct-path round (bytes a rank writes to its staging in an op's first round) "
+     "from which a rank times its rounds and writes them with streaming stores while those "
+     "are clearly faster. 0 never streams; ranks that outnumber the cores never do.",
+     EnvKind::kBytes},
     {"WEFT_SHM_CMA_BYTES", "",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
      "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "

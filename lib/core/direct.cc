@@ -112,6 +112,20 @@ void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
   if (bytes != 0 && dst != src) memcpy(dst, src, bytes);
 }
 
+// A copy into this rank's own staging, streamed when the round is (StagingStores).
+void stage_bytes(std::byte* dst, const std::byte* src, size_t bytes, bool streamed) {
+  if (streamed)
+    copy_streaming(dst, src, bytes);
+  else
+    copy_bytes(dst, src, bytes);
+}
+
+using Clock = std::chrono::steady_clock;
+
+double micros_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
 std::vector<uint8_t> to_blob(char kind, const std::string& text) {
   std::vector<uint8_t> blob(text.size() + 1);
   blob[0] = static_cast<uint8_t>(kind);
@@ -307,6 +321,9 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
   cma_bytes_ =
       cma_thresholds(env_value_if_set("WEFT_SHM_CMA_BYTES", "the default"), oversubscribed);
+  // Ranks that share cores time each other's time slices, not the stores.
+  stores_ = StagingStores(
+      oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES"));
   if (nranks > 1 && !same_node) {
     unavailable_reason_ = "this communicator's ranks are on several nodes";
     return Status::Ok();
@@ -784,6 +801,23 @@ inline uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
   return ceil_div(largest, per_round);
 }
 
+inline uint64_t DirectState::round_bytes(const Job& job, const DirectRun& run) const {
+  const DirectCall& call = *job.direct;
+  const size_t slots = has_slots(call.collective) ? nranks_ : 1;
+  const uint64_t elements = call.collective == algo::Collective::AllToAllv
+                                ? run.per_round
+                                : piece(call.count, run.step, run.per_round);
+  return elements * job.math.element_size * slots;
+}
+
+inline bool DirectState::packs_and_unpacks(const DirectCall& call) const {
+  // A Broadcast's other ranks write nothing, a Reduce's read nothing. Two-shot's rounds
+  // alternate between two kinds, so its figures would depend on which rounds were timed.
+  return call.algorithm == algo::Algorithm::OneShot &&
+         (rank_ == call.root || (call.collective != algo::Collective::Broadcast &&
+                                 call.collective != algo::Collective::Reduce));
+}
+
 void DirectState::prefault_staging(const Job& job, const DirectRun& run) {
   // An op writes at most a slot per peer (or one slot) of per_round elements per round, or
   // its whole count when that fits one round.
@@ -827,17 +861,17 @@ inline void DirectState::reduce_all(const Job& job, const DirectRun& run, std::b
         // Second half: publish this rank's reduced slice.
         uint64_t slice_begin = length * rank_ / nranks_;
         uint64_t slice_end = length * (rank_ + 1) / nranks_;
-        copy_bytes(mine + slice_begin * e, job.output + (begin + slice_begin) * e,
-                   (slice_end - slice_begin) * e);
+        stage_bytes(mine + slice_begin * e, job.output + (begin + slice_begin) * e,
+                    (slice_end - slice_begin) * e, run.streamed);
         break;
       }
       [[fallthrough]];
     case algo::Collective::Reduce:
     case algo::Collective::AllGather:
-      copy_bytes(mine, input + begin * e, length * e);
+      stage_bytes(mine, input + begin * e, length * e, run.streamed);
       break;
     case algo::Collective::Broadcast:
-      if (rank_ == call.root) copy_bytes(mine, input + begin * e, length * e);
+      if (rank_ == call.root) stage_bytes(mine, input + begin * e, length * e, run.streamed);
       break;
     case algo::Collective::AllToAll:
       if (run.inline_data) {
@@ -855,13 +889,14 @@ inline void DirectState::reduce_all(const Job& job, const DirectRun& run, std::b
       [[fallthrough]];
     case algo::Collective::ReduceScatter:
       for (int p = 0; p < nranks_; ++p)
-        copy_bytes(mine + p * per_round * e, input + (p * call.count + begin) * e, length * e);
+        stage_bytes(mine + p * per_round * e, input + (p * call.count + begin) * e, length * e,
+                    run.streamed);
       break;
     case algo::Collective::AllToAllv:
       for (int p = 0; p < nranks_; ++p)
-        copy_bytes(mine + p * per_round * e,
-                   input + (call.peers->send_displs[p] + step * per_round) * e,
-                   piece(call.peers->send_counts[p], step, per_round) * e);
+        stage_bytes(mine + p * per_round * e,
+                    input + (call.peers->send_displs[p] + step * per_round) * e,
+                    piece(call.peers->send_counts[p], step, per_round) * e, run.streamed);
       break;
     default:
       break;
@@ -928,6 +963,31 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
   }
 }
 
+// Out of line: the rounds whose stores are chosen are large, and the untimed ones take
+// no clock reads nor the code around them.
+[[gnu::noinline]] bool DirectState::timed_pack(const Job& job, const std::byte* input,
+                                               const DirectRun& run) {
+  timing_.bytes = round_bytes(job, run);
+  const auto start = Clock::now();
+  const bool more = pack(job, input, run);
+  timing_.pack_us = micros_since(start);
+  return more;
+}
+
+[[gnu::noinline]] void DirectState::timed_unpack(const Job& job, const DirectRun& run) {
+  const auto start = Clock::now();
+  unpack(job, run);
+  const double micros = timing_.pack_us + micros_since(start);
+  const bool streaming = stores_.streaming();
+  stores_.observe(run.streamed, micros, timing_.bytes);
+  WEFT_LOG(TRACE, COLL, "rank %d: a staging round of %llu bytes with %s stores took %.1f us%s",
+           rank_, static_cast<unsigned long long>(timing_.bytes),
+           run.streamed ? "streaming" : "ordinary", micros,
+           stores_.streaming() == streaming ? ""
+           : streaming                      ? "; now ordinary stores"
+                                            : "; now streaming stores");
+}
+
 bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run,
                           bool* progressed) {
   if (tickets_done_.load(std::memory_order_acquire) != run->ticket) return false;
@@ -938,6 +998,12 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     run->inline_data = inline_op(job);
     run->per_round = run->inline_data ? job.direct->count : slot_elements(job);
     run->rounds = rounds(job, run->per_round);
+    // An op is timed when its first round, the largest, reaches the floor. Cheap checks
+    // first: rounds beside the ready word never do, nor do those of an op whose count times
+    // its element size times the ranks falls short.
+    run->timed = !run->inline_data &&
+                 stores_.timed(job.direct->count * job.math.element_size * nranks_) &&
+                 packs_and_unpacks(*job.direct) && stores_.timed(round_bytes(job, *run));
     run->sized = true;
     if (!run->inline_data) prefault_staging(job, *run);
   }
@@ -962,7 +1028,12 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
   while (more) {
     uint64_t round = round_ + 1;
     if (!run->published) {
-      run->more = pack(job, input, *run);
+      if (run->timed) {
+        run->streamed = stores_.stream(round);
+        run->more = timed_pack(job, input, *run);
+      } else {
+        run->more = pack(job, input, *run);
+      }
       note_cpu();
       mine.ready[round % 2].word.store(round << kRoundShift | tag << 1 | (run->more ? 1 : 0),
                                        std::memory_order_release);
@@ -974,7 +1045,10 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     // AllToAllv's counts are not in the tag: its check at completion always runs.
     if (run->step == 0)
       run->same_call = same_call && job.shape.collective != algo::Collective::AllToAllv;
-    unpack(job, *run);
+    if (run->timed)
+      timed_unpack(job, *run);
+    else
+      unpack(job, *run);
     round_ = round;
     ++run->step;
     run->published = false;

@@ -73,6 +73,7 @@
 #include "algorithms/schedule.h"
 #include "common/status.h"
 #include "core/registry.h"
+#include "core/staging_stores.h"
 #include "transports/shm/shm.h"
 
 namespace weft {
@@ -157,6 +158,11 @@ struct DirectRun {
   // The op's geometry, computed at its first advance: elements per staging slot, and
   // rounds as this rank sees them (0: none at all).
   bool sized = false;
+  // Whether this rank's stores are chosen in the op's rounds (StagingStores), and whether
+  // those of the round in progress stream (DirectState::timing_ has the rest). Beside the
+  // other flags, where zeroing them costs small calls least (bench/perf/call_overhead.sh).
+  bool timed = false;
+  bool streamed = false;
   uint64_t per_round = 0, rounds = 0;
   // The op's one round travels next to the ready words instead of in the staging.
   bool inline_data = false;
@@ -286,6 +292,14 @@ class DirectState {
   void unpack(const Job& job, const DirectRun& run) const;
   // The job's rounds as this rank sees them (0: none at all), `per_round` elements per slot.
   uint64_t rounds(const Job& job, uint64_t per_round) const;
+  // Bytes this rank writes to its staging in the op's current round.
+  uint64_t round_bytes(const Job& job, const DirectRun& run) const;
+  // Whether the call's rounds are timed for StagingStores: one-shot, and this rank both
+  // writes its staging and reads the peers'.
+  bool packs_and_unpacks(const DirectCall& call) const;
+  // pack and unpack for a round whose stores are chosen: timed, the time handed to stores_.
+  bool timed_pack(const Job& job, const std::byte* input, const DirectRun& run);
+  void timed_unpack(const Job& job, const DirectRun& run);
   // Elements per staging slot.
   uint64_t slot_elements(const Job& job) const;
   // Maps this rank's staging pages that `job` will write, once (both halves).
@@ -350,6 +364,14 @@ class DirectState {
   CmaThresholds cma_floors_{};    // cma_floors()
   bool cma_ = false;
   uint64_t cma_probe_ = 0;  // the word peers read at init
+  StagingStores stores_;
+  // The timed round in progress (a communicator's ops run one at a time): the bytes this
+  // rank writes to its staging and how long its pack took.
+  struct RoundTiming {
+    uint64_t bytes = 0;
+    double pack_us = 0;
+  };
+  RoundTiming timing_;
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed
   // allocation stays mapped here until the cache is next emptied.
   std::map<std::pair<uint32_t, uint64_t>, shm::Segment> peer_memory_;

@@ -19,8 +19,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +27,7 @@
 #include "core/direct.h"
 #include "support/direct_cases.h"
 #include "support/multirank.h"
+#include "support/trace_logs.h"
 #include "support/typed_values.h"
 #include "weft/weft.h"
 
@@ -40,50 +39,15 @@ using algo::Collective;
 constexpr const char* kSmallStaging = "4096";
 constexpr size_t kStagingBytes = 4096;
 
-// A directory for the ranks' TRACE logs, removed with the object; `env` sets
-// them up to log the direct ops (plus `extra`).
-class TraceLogs {
+// Logs of ranks whose staging is small (kSmallStaging).
+class CmaLogs : public TraceLogs {
  public:
-  TraceLogs() {
-    char pattern[] = "/tmp/weft-cma-test-XXXXXX";
-    EXPECT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-    file_ = dir_ + "/rank-%p.log";
-  }
-  ~TraceLogs() { std::filesystem::remove_all(dir_); }
-  RunOptions options(std::vector<std::pair<const char*, const char*>> extra) const {
-    RunOptions options;
-    options.env = {{"WEFT_DEBUG", "TRACE"},
-                   {"WEFT_DEBUG_SUBSYS", "COLL"},
-                   {"WEFT_DEBUG_FILE", file_.c_str()},
-                   {"WEFT_SHM_BYTES", kSmallStaging}};
-    options.env.insert(options.env.end(), extra.begin(), extra.end());
-    return options;
-  }
-
- private:
-  std::string dir_, file_;
+  CmaLogs() : TraceLogs({{"WEFT_SHM_BYTES", kSmallStaging}}) {}
 };
-
-// This process's log, line by line.
-std::vector<std::string> own_log() {
-  std::string path = getenv("WEFT_DEBUG_FILE");
-  path.replace(path.find("%p"), 2, std::to_string(getpid()));
-  std::ifstream log(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(log, line);) lines.push_back(line);
-  return lines;
-}
 
 // Peer inputs this process read by CMA so far, from its own log.
 int cma_reads_logged() {
-  const std::string marker = "read in place, cma=";
-  int reads = 0;
-  for (const std::string& line : own_log()) {
-    size_t at = line.find(marker);
-    if (at != std::string::npos) reads += atoi(line.c_str() + at + marker.size());
-  }
-  return reads;
+  return static_cast<int>(logged_sum("read in place, cma="));
 }
 
 // From now on process_vm_readv fails with EPERM in this process, as it does
@@ -155,7 +119,7 @@ class CmaMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> 
 
 // Counts 0, 1, 7 and past the (4 KiB) staging, every block read by CMA.
 TEST_P(CmaMatrix, ExactAndReadByCma) {
-  TraceLogs logs;
+  CmaLogs logs;
   run_ranks(
       GetParam(),
       [](const RankContext& context) {
@@ -175,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, CmaMatrix, ::testing::Values(2, 3, 4));
 // Blocks under WEFT_SHM_CMA_BYTES are staged, larger ones read by CMA; 0
 // turns it off whatever the size. Exact either way.
 TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
-  TraceLogs logs;
+  CmaLogs logs;
   for (const char* threshold : {"4096", "0"}) {
     SCOPED_TRACE(threshold);
     run_ranks(
@@ -201,7 +165,7 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
 // twice).
 TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  TraceLogs logs;
+  CmaLogs logs;
   int cases = 0;
   for (int nranks : {2, cores + 1}) {
     if (nranks > 8) continue;  // a large machine: the oversubscribed case would take long
@@ -238,7 +202,7 @@ TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
 // One rank that may not read its peers (EPERM) fails the init probe for all:
 // every rank says so in its log, reads nothing by CMA, and stays exact.
 TEST_F(NoLeftovers, OneRefusingRankTurnsCmaOffForAll) {
-  TraceLogs logs;
+  CmaLogs logs;
   RunOptions options = logs.options({{"WEFT_SHM_CMA_BYTES", "1"}});
   options.env.push_back({"WEFT_DEBUG_SUBSYS", "COLL,INIT"});
   run_ranks(
@@ -264,7 +228,7 @@ TEST_F(NoLeftovers, OneRefusingRankTurnsCmaOffForAll) {
 // Rank 0's input is registered weftMemAlloc memory (a mapped offer), the
 // others' are vectors (CMA offers): one op reads both kinds.
 TEST_F(NoLeftovers, MappedAndCmaOffersMix) {
-  TraceLogs logs;
+  CmaLogs logs;
   run_ranks(
       3,
       [](const RankContext& context) {
@@ -309,7 +273,7 @@ TEST_F(NoLeftovers, MappedAndCmaOffersMix) {
 // Each rank rewrites its input the moment a call returns: had a rank returned
 // while a peer still read its input, that peer would see the next values.
 TEST_F(NoLeftovers, InputRewrittenRightAfterReturn) {
-  TraceLogs logs;
+  CmaLogs logs;
   run_ranks(
       3,
       [](const RankContext& context) {
@@ -357,7 +321,7 @@ TEST_F(NoLeftovers, InputRewrittenRightAfterReturn) {
 // returns an error well within the timeout.
 TEST_F(NoLeftovers, KilledPeerIsAnErrorOnEverySurvivor) {
   constexpr int kTimeoutMs = 20000;
-  TraceLogs logs;
+  CmaLogs logs;
   RunOptions options = logs.options({{"WEFT_SHM_CMA_BYTES", "1"}});
   options.expected.assign(3, ExpectedEnd{});
   options.expected[2].signal = SIGKILL;

@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "algorithms/schedule.h"
+#include "core/staging_stores.h"
 #include "support/direct_cases.h"
 #include "support/multirank.h"
+#include "support/trace_logs.h"
 #include "support/typed_values.h"
 #include "weft/weft.h"
 
@@ -51,10 +53,13 @@ class DirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<in
 // Counts 0, 1, 7, 14 (with 4-byte elements, what fits beside a ready word: one-shot ops up
 // to 56 bytes travel there, and past it on more ranks or wider types), 1000 and one past the
 // (4 KiB) staging of every dtype, in that order, so that small and staged ops alternate;
-// `check`: WEFT_CHECK (off: small Broadcasts and Reduces take the lanes).
-void run_matrix(int nranks, const char* check) {
+// `check`: WEFT_CHECK (off: small Broadcasts and Reduces take the lanes); `stream_bytes`:
+// WEFT_SHM_STREAM_BYTES (the default never streams rounds of this small staging).
+void run_matrix(int nranks, const char* check, const char* stream_bytes = "1M") {
   RunOptions options;
-  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_CHECK", check}};
+  options.env = {{"WEFT_SHM_BYTES", kSmallStaging},
+                 {"WEFT_CHECK", check},
+                 {"WEFT_SHM_STREAM_BYTES", stream_bytes}};
   run_ranks(
       nranks,
       [](const RankContext& context) {
@@ -105,6 +110,17 @@ TEST_P(UncheckedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
   run_matrix(GetParam(), "off");
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UncheckedDirectMatrix, ::testing::Values(2, 3, 4, 5, 8));
+
+// Every staged round of 64 bytes or more is timed; the kinds of store take turns at first,
+// and later the other kind is tried every kProbeEvery-th round (StagingStores), so the
+// larger counts' many rounds mix both kinds. Ranks that outnumber the cores never stream, so only
+// rank counts up to this machine's two cores exercise it.
+class StreamedDirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
+
+TEST_P(StreamedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
+  run_matrix(GetParam(), "on", "64");
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, StreamedDirectMatrix, ::testing::Values(1, 2));
 
 // WEFT_CHECK=off: Broadcasts and Reduces small enough for the lanes, whose senders run up
 // to 15 calls ahead, interleaved with calls that take the staging's rounds (larger counts,
@@ -311,6 +327,51 @@ TEST_F(NoLeftovers, TheSecondLargeCallDoesNotFaultInTheStaging) {
     EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
     EXPECT_EQ(weftCommDestroy(world), weftSuccess);
   });
+}
+
+// With WEFT_SHM_STREAM_BYTES=64 every staged round of 64 bytes or more is timed, and the
+// kinds of store take turns at first (StagingStores), so some rounds stream; the results
+// stay exact. At 0 no round is timed. Each rank counts its rounds in its own TRACE log. Ranks
+// that outnumber the cores never stream, and only x86-64 builds have streaming stores.
+TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "streaming stores are used on x86-64 builds only";
+#endif
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "2 ranks need 2 cores not to stage alike";
+  TraceLogs logs({{"WEFT_SHM_BYTES", kSmallStaging}});
+  for (const char* floor : {"64", "0"}) {
+    run_ranks(
+        2,
+        [floor](const RankContext& context) {
+          weftComm_t world = init_comm(context);
+          weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+          // One-shot AllReduce rounds fill a staging half: 8 rounds a call.
+          const size_t rounds = 8, calls = 4, count = rounds * kStagingBytes / 2 / sizeof(float);
+          std::vector<float> input(count), output(count);
+          for (size_t call = 0; call < calls; ++call) {
+            for (size_t i = 0; i < count; ++i)
+              input[i] = static_cast<float>(context.rank * 3 + (i + call) % 7);
+            ASSERT_EQ(weftAllReduce(input.data(), output.data(), count, weftFloat32, weftSum, comm,
+                                    nullptr),
+                      weftSuccess);
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(output[i], static_cast<float>(3 + 2 * ((i + call) % 7)))
+                  << "call " << call << " element " << i;
+          }
+          const long streamed = logged_lines("bytes with streaming stores took");
+          const long timed = streamed + logged_lines("bytes with ordinary stores took");
+          if (strcmp(floor, "0") == 0) {
+            EXPECT_EQ(timed, 0);
+          } else {
+            EXPECT_EQ(timed, static_cast<long>(rounds * calls));
+            EXPECT_GE(streamed, static_cast<long>(StagingStores::kWindow));
+            EXPECT_LE(streamed, timed);
+          }
+          EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+          EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+        },
+        logs.options({{"WEFT_SHM_STREAM_BYTES", floor}}));
+  }
 }
 
 // Direct ops mixed with message-based ones in a group, and queued on a

@@ -1,0 +1,79 @@
+#include "core/staging_stores.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace weft {
+
+bool streaming_stores_available() {
+#if defined(__x86_64__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes) {
+#if defined(__x86_64__)
+  constexpr size_t kLine = 64;
+  // Whole lines only: a streamed partial line would be merged in memory line by line.
+  size_t head = (kLine - reinterpret_cast<uintptr_t>(dst) % kLine) % kLine;
+  if (head >= bytes) {
+    memcpy(dst, src, bytes);
+    return;
+  }
+  memcpy(dst, src, head);
+  size_t at = head;
+  for (; at + kLine <= bytes; at += kLine) {
+    const auto* from = reinterpret_cast<const __m128i*>(src + at);
+    auto* to = reinterpret_cast<__m128i*>(dst + at);
+    __m128i a = _mm_loadu_si128(from), b = _mm_loadu_si128(from + 1);
+    __m128i c = _mm_loadu_si128(from + 2), d = _mm_loadu_si128(from + 3);
+    _mm_stream_si128(to, a);
+    _mm_stream_si128(to + 1, b);
+    _mm_stream_si128(to + 2, c);
+    _mm_stream_si128(to + 3, d);
+  }
+  memcpy(dst + at, src + at, bytes - at);
+  // Streaming stores are weakly ordered: the release store that publishes the round must
+  // not pass them.
+  _mm_sfence();
+#else
+  memcpy(dst, src, bytes);
+#endif
+}
+
+double StagingStores::best(bool streamed) const {
+  const size_t kind = streamed ? 1 : 0;
+  return *std::min_element(micros_per_byte_[kind],
+                           micros_per_byte_[kind] + std::min<uint64_t>(rounds_[kind], kWindow));
+}
+
+bool StagingStores::explored() const {
+  return rounds_[0] >= kWindow && rounds_[1] >= kWindow;
+}
+
+bool StagingStores::streaming() const {
+  // Streaming must win clearly: part of its cost lands outside the rank's own rounds (the
+  // peers read from memory, the rank's own next writes miss), so a close call is a loss.
+  return explored() && best(true) * kStreamingMargin < best(false);
+}
+
+bool StagingStores::stream(uint64_t round) const {
+  // Until each kind has a full window, take turns: a cold first round of either (page
+  // faults, empty caches) must not decide for the next kProbeEvery rounds.
+  if (!explored()) return rounds_[1] < rounds_[0];
+  return streaming() != (round % kProbeEvery == 0);
+}
+
+void StagingStores::observe(bool streamed, double micros, uint64_t bytes) {
+  if (bytes == 0) return;
+  const size_t kind = streamed ? 1 : 0;
+  micros_per_byte_[kind][rounds_[kind]++ % kWindow] = micros / static_cast<double>(bytes);
+}
+
+}  // namespace weft
