@@ -322,8 +322,10 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   cma_bytes_ =
       cma_thresholds(env_value_if_set("WEFT_SHM_CMA_BYTES", "the default"), oversubscribed);
   // Ranks that share cores time each other's time slices, not the stores.
-  stores_ = StagingStores(
-      oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES"));
+  const uint64_t stream_bytes =
+      oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES");
+  stores_.fill(StagingStores(stream_bytes));
+  stream_floor_ = stream_bytes == 0 ? UINT64_MAX : stream_bytes;
   if (nranks > 1 && !same_node) {
     unavailable_reason_ = "this communicator's ranks are on several nodes";
     return Status::Ok();
@@ -802,6 +804,8 @@ inline uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
 }
 
 inline uint64_t DirectState::round_bytes(const Job& job, const DirectRun& run) const {
+  // A slot per peer (or one slot) of the round's piece; AllToAllv's whole slots, its
+  // counts differing per peer.
   const DirectCall& call = *job.direct;
   const size_t slots = has_slots(call.collective) ? nranks_ : 1;
   const uint64_t elements = call.collective == algo::Collective::AllToAllv
@@ -812,21 +816,16 @@ inline uint64_t DirectState::round_bytes(const Job& job, const DirectRun& run) c
 
 inline bool DirectState::packs_and_unpacks(const DirectCall& call) const {
   // A Broadcast's other ranks write nothing, a Reduce's read nothing. Two-shot's rounds
-  // alternate between two kinds, so its figures would depend on which rounds were timed.
+  // alternate between two kinds, so its figures would depend on which rounds were timed;
+  // AllToAllv's rounds write what each rank's counts say, rounds apart.
   return call.algorithm == algo::Algorithm::OneShot &&
+         call.collective != algo::Collective::AllToAllv &&
          (rank_ == call.root || (call.collective != algo::Collective::Broadcast &&
                                  call.collective != algo::Collective::Reduce));
 }
 
-void DirectState::prefault_staging(const Job& job, const DirectRun& run) {
-  // An op writes at most a slot per peer (or one slot) of per_round elements per round, or
-  // its whole count when that fits one round.
-  const DirectCall& call = *job.direct;
-  const uint64_t elements = run.rounds == 1 && call.collective != algo::Collective::AllToAllv
-                                ? std::min(run.per_round, call.count)
-                                : run.per_round;
-  const size_t slots = has_slots(call.collective) ? nranks_ : 1;
-  const size_t bytes = std::min(half_bytes_, slots * elements * job.math.element_size);
+void DirectState::prefault_staging(uint64_t first_round_bytes) {
+  const size_t bytes = std::min<uint64_t>(half_bytes_, first_round_bytes);
   if (bytes <= prefaulted_bytes_) return;
   // Rounds alternate between the halves: map both as far as this op writes. Without it the
   // first large calls take a page fault per 4 KiB written; mapping the whole staging at init
@@ -894,9 +893,9 @@ inline void DirectState::reduce_all(const Job& job, const DirectRun& run, std::b
       break;
     case algo::Collective::AllToAllv:
       for (int p = 0; p < nranks_; ++p)
-        stage_bytes(mine + p * per_round * e,
-                    input + (call.peers->send_displs[p] + step * per_round) * e,
-                    piece(call.peers->send_counts[p], step, per_round) * e, run.streamed);
+        copy_bytes(mine + p * per_round * e,
+                   input + (call.peers->send_displs[p] + step * per_round) * e,
+                   piece(call.peers->send_counts[p], step, per_round) * e);
       break;
     default:
       break;
@@ -965,11 +964,17 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
 
 // Out of line: the rounds whose stores are chosen are large, and the untimed ones take
 // no clock reads nor the code around them.
+StagingStores& DirectState::stores_for(algo::Collective collective, uint64_t bytes) {
+  const size_t size_class =
+      std::min<size_t>(kStoreSizeClasses, std::bit_width(bytes / stream_floor_)) - 1;
+  return stores_[collective_index(collective) * kStoreSizeClasses + size_class];
+}
+
 [[gnu::noinline]] bool DirectState::timed_pack(const Job& job, const std::byte* input,
                                                const DirectRun& run) {
-  timing_.bytes = round_bytes(job, run);
   const auto start = Clock::now();
   const bool more = pack(job, input, run);
+  if (run.streamed) streaming_fence();  // before the ready word publishes the round
   timing_.pack_us = micros_since(start);
   return more;
 }
@@ -978,14 +983,17 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
   const auto start = Clock::now();
   unpack(job, run);
   const double micros = timing_.pack_us + micros_since(start);
-  const bool streaming = stores_.streaming();
-  stores_.observe(run.streamed, micros, timing_.bytes);
+  // A last round below the floor (an op's tail) is neither streamed nor counted.
+  if (timing_.bytes < stream_floor_) return;
+  StagingStores& stores = stores_for(job.direct->collective, timing_.bytes);
+  const bool streaming = stores.streaming();
+  stores.observe(run.streamed, micros, timing_.bytes);
   WEFT_LOG(TRACE, COLL, "rank %d: a staging round of %llu bytes with %s stores took %.1f us%s",
            rank_, static_cast<unsigned long long>(timing_.bytes),
            run.streamed ? "streaming" : "ordinary", micros,
-           stores_.streaming() == streaming ? ""
-           : streaming                      ? "; now ordinary stores"
-                                            : "; now streaming stores");
+           stores.streaming() == streaming ? ""
+           : streaming                     ? "; now ordinary stores"
+                                           : "; now streaming stores");
 }
 
 bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run,
@@ -998,14 +1006,14 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     run->inline_data = inline_op(job);
     run->per_round = run->inline_data ? job.direct->count : slot_elements(job);
     run->rounds = rounds(job, run->per_round);
-    // An op is timed when its first round, the largest, reaches the floor. Cheap checks
-    // first: rounds beside the ready word never do, nor do those of an op whose count times
-    // its element size times the ranks falls short.
-    run->timed = !run->inline_data &&
-                 stores_.timed(job.direct->count * job.math.element_size * nranks_) &&
-                 packs_and_unpacks(*job.direct) && stores_.timed(round_bytes(job, *run));
     run->sized = true;
-    if (!run->inline_data) prefault_staging(job, *run);
+    if (!run->inline_data) {
+      // The first round is the largest: it sizes the staging's mapping, and its stores
+      // are chosen (and all the op's rounds timed) when it reaches the floor.
+      const uint64_t first_round = round_bytes(job, *run);
+      prefault_staging(first_round);
+      run->timed = first_round >= stream_floor_ && packs_and_unpacks(*job.direct);
+    }
   }
   bool more = run->rounds > 0;
   if (more && run->path == DirectRun::Path::Undecided && lane_op(job))
@@ -1029,7 +1037,9 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     uint64_t round = round_ + 1;
     if (!run->published) {
       if (run->timed) {
-        run->streamed = stores_.stream(round);
+        timing_.bytes = round_bytes(job, *run);
+        run->streamed = timing_.bytes >= stream_floor_ &&
+                        stores_for(job.direct->collective, timing_.bytes).stream(round);
         run->more = timed_pack(job, input, *run);
       } else {
         run->more = pack(job, input, *run);

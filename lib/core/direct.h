@@ -292,18 +292,21 @@ class DirectState {
   void unpack(const Job& job, const DirectRun& run) const;
   // The job's rounds as this rank sees them (0: none at all), `per_round` elements per slot.
   uint64_t rounds(const Job& job, uint64_t per_round) const;
-  // Bytes this rank writes to its staging in the op's current round.
+  // Bytes this rank writes to its staging in the op's current round (run.step).
   uint64_t round_bytes(const Job& job, const DirectRun& run) const;
   // Whether the call's rounds are timed for StagingStores: one-shot, and this rank both
   // writes its staging and reads the peers'.
   bool packs_and_unpacks(const DirectCall& call) const;
+  // The choice for a collective's rounds of `bytes` (at least stream_floor_).
+  StagingStores& stores_for(algo::Collective collective, uint64_t bytes);
   // pack and unpack for a round whose stores are chosen: timed, the time handed to stores_.
   bool timed_pack(const Job& job, const std::byte* input, const DirectRun& run);
   void timed_unpack(const Job& job, const DirectRun& run);
   // Elements per staging slot.
   uint64_t slot_elements(const Job& job) const;
-  // Maps this rank's staging pages that `job` will write, once (both halves).
-  void prefault_staging(const Job& job, const DirectRun& run);
+  // Maps this rank's staging pages that an op whose first (largest) round writes
+  // `first_round_bytes` will write, once (both halves).
+  void prefault_staging(uint64_t first_round_bytes);
   void reduce_all(const Job& job, const DirectRun& run, std::byte* dst, size_t offset_bytes,
                   uint64_t count) const;
 
@@ -364,7 +367,13 @@ class DirectState {
   CmaThresholds cma_floors_{};    // cma_floors()
   bool cma_ = false;
   uint64_t cma_probe_ = 0;  // the word peers read at init
-  StagingStores stores_;
+  // By collective and by round size (powers of two from the floor, the last class taking
+  // the rest): rounds' costs per byte written differ between collectives (an AllGather
+  // reads n times what it writes, a ReduceScatter writes n slots) and grow once a round
+  // outgrows the caches, so a figure from 1 MiB rounds must not judge 2 MiB ones.
+  static constexpr size_t kStoreSizeClasses = 4;
+  std::array<StagingStores, algo::kNumCollectives * kStoreSizeClasses> stores_;
+  uint64_t stream_floor_ = UINT64_MAX;  // theirs (WEFT_SHM_STREAM_BYTES), for a cheap check
   // The timed round in progress (a communicator's ops run one at a time): the bytes this
   // rank writes to its staging and how long its pack took.
   struct RoundTiming {

@@ -39,11 +39,14 @@ void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes) {
     _mm_stream_si128(to + 3, d);
   }
   memcpy(dst + at, src + at, bytes - at);
-  // Streaming stores are weakly ordered: the release store that publishes the round must
-  // not pass them.
-  _mm_sfence();
 #else
   memcpy(dst, src, bytes);
+#endif
+}
+
+void streaming_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
 #endif
 }
 
@@ -63,11 +66,14 @@ bool StagingStores::streaming() const {
   return explored() && best(true) * kStreamingMargin < best(false);
 }
 
-bool StagingStores::stream(uint64_t round) const {
+bool StagingStores::stream(uint64_t round) {
   // Until each kind has a full window, take turns: a cold first round of either (page
   // faults, empty caches) must not decide for the next kProbeEvery rounds.
   if (!explored()) return rounds_[1] < rounds_[0];
-  return streaming() != (round % kProbeEvery == 0);
+  const uint64_t block = round / kProbeEvery;
+  const bool probe = block != probed_block_;
+  probed_block_ = block;
+  return streaming() != probe;
 }
 
 void StagingStores::observe(bool streamed, double micros, uint64_t bytes) {

@@ -111,10 +111,11 @@ TEST_P(UncheckedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, UncheckedDirectMatrix, ::testing::Values(2, 3, 4, 5, 8));
 
-// Every staged round of 64 bytes or more is timed; the kinds of store take turns at first,
-// and later the other kind is tried every kProbeEvery-th round (StagingStores), so the
-// larger counts' many rounds mix both kinds. Ranks that outnumber the cores never stream, so only
-// rank counts up to this machine's two cores exercise it.
+// The rounds of every one-shot op whose first round writes 64 bytes or more are timed; the
+// kinds of store take turns at first and later once per block of rounds (StagingStores), so
+// the matrix's ops run with both kinds, checked exactly (LargeRoundsTryStreamingStores...
+// proves that some rounds stream). Ranks that outnumber the cores never stream, so only rank
+// counts up to this machine's two cores exercise it.
 class StreamedDirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
 
 TEST_P(StreamedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
@@ -329,10 +330,11 @@ TEST_F(NoLeftovers, TheSecondLargeCallDoesNotFaultInTheStaging) {
   });
 }
 
-// With WEFT_SHM_STREAM_BYTES=64 every staged round of 64 bytes or more is timed, and the
-// kinds of store take turns at first (StagingStores), so some rounds stream; the results
-// stay exact. At 0 no round is timed. Each rank counts its rounds in its own TRACE log. Ranks
-// that outnumber the cores never stream, and only x86-64 builds have streaming stores.
+// With WEFT_SHM_STREAM_BYTES=64 every round of a one-shot AllReduce whose rounds write 64
+// bytes or more is timed, and the kinds of store take turns at first (StagingStores), so
+// some rounds stream; the results stay exact. At 0 no round is timed. Each rank counts its rounds
+// in its own TRACE log. Ranks that outnumber the cores never stream, and only x86-64 builds have
+// streaming stores.
 TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "streaming stores are used on x86-64 builds only";

@@ -36,10 +36,8 @@ TEST(CopyStreaming, EveryAlignmentAndLengthExactly) {
 
 TEST(StagingStores, TimesOnlyRoundsFromItsFloor) {
   StagingStores off(0);
-  EXPECT_FALSE(off.enabled());
-  EXPECT_FALSE(off.timed(1 << 30));
+  EXPECT_FALSE(off.timed(UINT64_MAX - 1));
   StagingStores stores(1 << 20);
-  EXPECT_TRUE(stores.enabled());
   EXPECT_FALSE(stores.timed((1 << 20) - 1));
   EXPECT_TRUE(stores.timed(1 << 20));
 }
@@ -69,10 +67,26 @@ TEST(StagingStores, KeepsTheFasterKindPerByteAndProbesTheOther) {
   EXPECT_TRUE(stores.streaming());
   int streamed = 0;
   for (uint64_t round = 1; round <= 4 * StagingStores::kProbeEvery; ++round) {
-    streamed += stores.stream(round) ? 1 : 0;
-    EXPECT_EQ(stores.stream(round), round % StagingStores::kProbeEvery != 0) << round;
+    const bool stream = stores.stream(round);
+    streamed += stream ? 1 : 0;
+    EXPECT_EQ(stream, round % StagingStores::kProbeEvery != 0) << round;
   }
   EXPECT_EQ(streamed, 4 * (StagingStores::kProbeEvery - 1));
+}
+
+TEST(StagingStores, EveryBlockOfRoundsHasAProbeWhicheverRoundsAreTimed) {
+  StagingStores stores(1);
+  fill_window(&stores, false, 100, 1000);
+  fill_window(&stores, true, 150, 1000);
+  // Only odd rounds timed (a small staged op between two large ones): no timed round is a
+  // multiple of kProbeEvery, yet each block's first timed round still probes.
+  int probes = 0;
+  for (uint64_t round = 1; round <= 4 * StagingStores::kProbeEvery; round += 2) {
+    const bool probe = stores.stream(round);  // ordinary is faster: a probe streams
+    EXPECT_EQ(probe, round % StagingStores::kProbeEvery == 1 && round > 1) << round;
+    probes += probe ? 1 : 0;
+  }
+  EXPECT_EQ(probes, 3);
 }
 
 TEST(StagingStores, StreamingMustWinByItsMargin) {
