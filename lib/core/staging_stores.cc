@@ -18,6 +18,7 @@ bool streaming_stores_available() {
 }
 
 void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes) {
+  if (bytes == 0) return;  // an empty buffer's pointers may be null, which memcpy forbids
 #if defined(__x86_64__)
   constexpr size_t kLine = 64;
   // Whole lines only: a streamed partial line would be merged in memory line by line.

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -26,7 +27,7 @@ TEST(CopyStreaming, EveryAlignmentAndLengthExactly) {
         std::memset(dst.data(), 0xA5, dst.size());
         std::byte* to = dst.data() + kGuard + dst_offset;
         copy_streaming(to, src.data() + src_offset, length);
-        ASSERT_EQ(std::memcmp(to, src.data() + src_offset, length), 0)
+        ASSERT_TRUE(std::equal(to, to + length, src.data() + src_offset))
             << length << " bytes, dst offset " << dst_offset << ", src offset " << src_offset;
         for (std::byte* b = dst.data(); b < to; ++b) ASSERT_EQ(*b, std::byte{0xA5});
         for (std::byte* b = to + length; b < dst.data() + dst.size(); ++b)
