@@ -324,7 +324,6 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   // Ranks that share cores time each other's time slices, not the stores.
   const uint64_t stream_bytes =
       oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES");
-  stores_.fill(StagingStores(stream_bytes));
   stream_floor_ = stream_bytes == 0 ? UINT64_MAX : stream_bytes;
   if (nranks > 1 && !same_node) {
     unavailable_reason_ = "this communicator's ranks are on several nodes";

@@ -38,13 +38,7 @@ class StagingStores {
   // How much faster per byte streaming rounds must be to be chosen.
   static constexpr double kStreamingMargin = 1.45;
 
-  // Ops whose rounds write fewer than `min_bytes` (the first, the largest, decides) are
-  // never timed nor streamed; 0: none are.
-  explicit StagingStores(uint64_t min_bytes = 0)
-      : floor_(min_bytes == 0 ? UINT64_MAX : min_bytes) {}
-
-  // Whether an op whose first round writes `bytes` has its stores chosen (and timed).
-  bool timed(uint64_t bytes) const { return bytes >= floor_; }
+  // Which rounds are timed at all (WEFT_SHM_STREAM_BYTES) is the direct path's choice.
   // Whether the communicator's round `round` (the same count on every rank) is written
   // with streaming stores. The first timed round of each block of kProbeEvery rounds is
   // the probe: whichever rounds are timed, each block has one.
@@ -59,7 +53,6 @@ class StagingStores {
   // The best of a kind's last kWindow rounds (at least one), per byte.
   double best(bool streamed) const;
 
-  uint64_t floor_;             // UINT64_MAX: no round is timed
   uint64_t probed_block_ = 0;  // round / kProbeEvery of the newest probe
   // Per kind (ordinary, streaming): its last rounds' time per byte, and how many it had.
   double micros_per_byte_[2][kWindow] = {};

@@ -330,21 +330,24 @@ TEST_F(NoLeftovers, TheSecondLargeCallDoesNotFaultInTheStaging) {
   });
 }
 
-// With WEFT_SHM_STREAM_BYTES=64 every round of a one-shot AllReduce whose rounds write 64
-// bytes or more is timed, and the kinds of store take turns at first (StagingStores), so
-// some rounds stream; the results stay exact. At 0 no round is timed. Each rank counts its rounds
-// in its own TRACE log. Ranks that outnumber the cores never stream, and only x86-64 builds have
-// streaming stores.
+// With WEFT_SHM_STREAM_BYTES at or under the bytes a round writes (half the staging), every
+// round of a one-shot AllReduce is timed, and the kinds of store take turns at first
+// (StagingStores), so some rounds stream; the results stay exact. Over it, or at 0, no round is
+// timed. Each rank counts its rounds in its own TRACE log. Ranks that outnumber the cores never
+// stream, and only x86-64 builds have streaming stores.
 TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "streaming stores are used on x86-64 builds only";
 #endif
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "2 ranks need 2 cores not to stage alike";
   TraceLogs logs({{"WEFT_SHM_BYTES", kSmallStaging}});
-  for (const char* floor : {"64", "0"}) {
+  const std::string round_bytes = std::to_string(kStagingBytes / 2);
+  const std::string over_round = std::to_string(kStagingBytes / 2 + 1);
+  for (const char* floor : {"64", round_bytes.c_str(), over_round.c_str(), "0"}) {
+    const bool times_rounds = std::stoul(floor) != 0 && std::stoul(floor) <= kStagingBytes / 2;
     run_ranks(
         2,
-        [floor](const RankContext& context) {
+        [times_rounds](const RankContext& context) {
           weftComm_t world = init_comm(context);
           weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
           // One-shot AllReduce rounds fill a staging half: 8 rounds a call.
@@ -362,12 +365,12 @@ TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
           }
           const long streamed = logged_lines("bytes with streaming stores took");
           const long timed = streamed + logged_lines("bytes with ordinary stores took");
-          if (strcmp(floor, "0") == 0) {
-            EXPECT_EQ(timed, 0);
-          } else {
+          if (times_rounds) {
             EXPECT_EQ(timed, static_cast<long>(rounds * calls));
             EXPECT_GE(streamed, static_cast<long>(StagingStores::kWindow));
             EXPECT_LE(streamed, timed);
+          } else {
+            EXPECT_EQ(timed, 0);
           }
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
           EXPECT_EQ(weftCommDestroy(world), weftSuccess);

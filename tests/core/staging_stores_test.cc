@@ -35,21 +35,13 @@ TEST(CopyStreaming, EveryAlignmentAndLengthExactly) {
       }
 }
 
-TEST(StagingStores, TimesOnlyRoundsFromItsFloor) {
-  StagingStores off(0);
-  EXPECT_FALSE(off.timed(UINT64_MAX - 1));
-  StagingStores stores(1 << 20);
-  EXPECT_FALSE(stores.timed((1 << 20) - 1));
-  EXPECT_TRUE(stores.timed(1 << 20));
-}
-
 // Gives `stores` a full window of rounds of one kind, each `micros` for `bytes`.
 void fill_window(StagingStores* stores, bool streamed, double micros, uint64_t bytes) {
   for (size_t i = 0; i < StagingStores::kWindow; ++i) stores->observe(streamed, micros, bytes);
 }
 
 TEST(StagingStores, TakesTurnsUntilEachKindHasAWindow) {
-  StagingStores stores(1);
+  StagingStores stores;
   for (size_t i = 0; i < StagingStores::kWindow; ++i) {
     // Whatever the round, a probe's included: ordinary first, then streaming.
     EXPECT_FALSE(stores.stream(StagingStores::kProbeEvery)) << i;
@@ -62,7 +54,7 @@ TEST(StagingStores, TakesTurnsUntilEachKindHasAWindow) {
 }
 
 TEST(StagingStores, KeepsTheFasterKindPerByteAndProbesTheOther) {
-  StagingStores stores(1);
+  StagingStores stores;
   fill_window(&stores, false, 100, 1000);  // 0.1 us per byte
   fill_window(&stores, true, 150, 3000);   // 0.05: slower rounds, but faster per byte
   EXPECT_TRUE(stores.streaming());
@@ -76,7 +68,7 @@ TEST(StagingStores, KeepsTheFasterKindPerByteAndProbesTheOther) {
 }
 
 TEST(StagingStores, EveryBlockOfRoundsHasAProbeWhicheverRoundsAreTimed) {
-  StagingStores stores(1);
+  StagingStores stores;
   fill_window(&stores, false, 100, 1000);
   fill_window(&stores, true, 150, 1000);
   // Only odd rounds timed (a small staged op between two large ones): no timed round is a
@@ -91,7 +83,7 @@ TEST(StagingStores, EveryBlockOfRoundsHasAProbeWhicheverRoundsAreTimed) {
 }
 
 TEST(StagingStores, StreamingMustWinByItsMargin) {
-  StagingStores stores(1);
+  StagingStores stores;
   fill_window(&stores, false, 100, 1000);
   fill_window(&stores, true, 100 / StagingStores::kStreamingMargin + 1, 1000);
   EXPECT_FALSE(stores.streaming());
@@ -100,7 +92,7 @@ TEST(StagingStores, StreamingMustWinByItsMargin) {
 }
 
 TEST(StagingStores, APreemptedRoundDoesNotChangeTheChoice) {
-  StagingStores stores(1);
+  StagingStores stores;
   fill_window(&stores, false, 100, 1000);
   fill_window(&stores, true, 150, 1000);
   stores.observe(false, 1000, 1000);  // ten times as long: the rank lost its core
@@ -108,7 +100,7 @@ TEST(StagingStores, APreemptedRoundDoesNotChangeTheChoice) {
 }
 
 TEST(StagingStores, FollowsTheHostWhenItsStateChanges) {
-  StagingStores stores(1);
+  StagingStores stores;
   fill_window(&stores, false, 100, 1000);
   fill_window(&stores, true, 150, 1000);
   EXPECT_FALSE(stores.streaming());
@@ -126,7 +118,7 @@ TEST(StagingStores, FollowsTheHostWhenItsStateChanges) {
 }
 
 TEST(StagingStores, AnEmptyRoundChangesNothing) {
-  StagingStores stores(1);
+  StagingStores stores;
   stores.observe(false, 100, 0);
   EXPECT_FALSE(stores.streaming());
   EXPECT_FALSE(stores.stream(1));
