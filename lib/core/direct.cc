@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "core/bootstrap_protocol.h"
 #include "core/executor.h"
+#include "core/staging_stores.h"
 #include "transports/shm/cma.h"
 
 namespace weft {
@@ -112,7 +113,7 @@ void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
   if (bytes != 0 && dst != src) memcpy(dst, src, bytes);
 }
 
-// A copy into this rank's own staging, streamed when the round is (StagingStores).
+// A copy into this rank's own staging, streamed when the round is (stores_, a TimedChoice).
 void stage_bytes(std::byte* dst, const std::byte* src, size_t bytes, bool streamed) {
   if (streamed)
     copy_streaming(dst, src, bytes);
@@ -319,8 +320,12 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   slot_words_ = slot_words(nranks);
   announced_mask_ = announced_slots(nranks) - 1;
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
-  cma_bytes_ =
-      cma_thresholds(env_value_if_set("WEFT_SHM_CMA_BYTES", "the default"), oversubscribed);
+  const std::optional<uint64_t> cma_bytes = env_value_if_set("WEFT_SHM_CMA_BYTES", "the default");
+  cma_bytes_ = cma_thresholds(cma_bytes, oversubscribed);
+  // A threshold the user set is kept as set; the default is a floor for the timed choice.
+  cma_chosen_ = !cma_bytes;
+  cma_choices_.fill(TimedChoice(kCmaMargin, TimedChoice::Probe::Alternate, kCmaWarmup));
+  stores_.fill(TimedChoice(kStreamingMargin, TimedChoice::Probe::OtherWay));
   // Ranks that share cores time each other's time slices, not the stores.
   const uint64_t stream_bytes =
       oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES");
@@ -961,12 +966,17 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
   }
 }
 
+// Which of a collective's kStoreSizeClasses a size of at least `floor` falls in: powers
+// of two from the floor, the last class taking the rest.
+size_t DirectState::choice_index(algo::Collective collective, uint64_t bytes, uint64_t floor) {
+  const size_t size_class = std::min<size_t>(kStoreSizeClasses, std::bit_width(bytes / floor)) - 1;
+  return collective_index(collective) * kStoreSizeClasses + size_class;
+}
+
 // Out of line: the rounds whose stores are chosen are large, and the untimed ones take
 // no clock reads nor the code around them.
-StagingStores& DirectState::stores_for(algo::Collective collective, uint64_t bytes) {
-  const size_t size_class =
-      std::min<size_t>(kStoreSizeClasses, std::bit_width(bytes / stream_floor_)) - 1;
-  return stores_[collective_index(collective) * kStoreSizeClasses + size_class];
+TimedChoice& DirectState::stores_for(algo::Collective collective, uint64_t bytes) {
+  return stores_[choice_index(collective, bytes, stream_floor_)];
 }
 
 [[gnu::noinline]] bool DirectState::timed_pack(const Job& job, const std::byte* input,
@@ -984,15 +994,15 @@ StagingStores& DirectState::stores_for(algo::Collective collective, uint64_t byt
   const double micros = timing_.pack_us + micros_since(start);
   // A last round below the floor (an op's tail) is neither streamed nor counted.
   if (timing_.bytes < stream_floor_) return;
-  StagingStores& stores = stores_for(job.direct->collective, timing_.bytes);
-  const bool streaming = stores.streaming();
+  TimedChoice& stores = stores_for(job.direct->collective, timing_.bytes);
+  const bool streaming = stores.prefers_alternative();
   stores.observe(run.streamed, micros, timing_.bytes);
   WEFT_LOG(TRACE, COLL, "rank %d: a staging round of %llu bytes with %s stores took %.1f us%s",
            rank_, static_cast<unsigned long long>(timing_.bytes),
            run.streamed ? "streaming" : "ordinary", micros,
-           stores.streaming() == streaming ? ""
-           : streaming                     ? "; now ordinary stores"
-                                           : "; now streaming stores");
+           stores.prefers_alternative() == streaming ? ""
+           : streaming                               ? "; now ordinary stores"
+                                                     : "; now streaming stores");
 }
 
 bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run,
@@ -1038,7 +1048,7 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
       if (run->timed) {
         timing_.bytes = round_bytes(job, *run);
         run->streamed = timing_.bytes >= stream_floor_ &&
-                        stores_for(job.direct->collective, timing_.bytes).stream(round);
+                        stores_for(job.direct->collective, timing_.bytes).alternative(round);
         run->more = timed_pack(job, input, *run);
       } else {
         run->more = pack(job, input, *run);
@@ -1063,6 +1073,7 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     run->published = false;
     *progressed = true;
   }
+  if (run->path_timed) observe_path(job, *run);
   tickets_done_.fetch_add(1, std::memory_order_release);
   mine.bell.ring();  // a later op of this communicator may sleep in another thread
   return true;
@@ -1145,6 +1156,41 @@ DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input
   return {};
 }
 
+DirectState::Offer DirectState::chosen_offer(const Job& job, const std::byte* input,
+                                             DirectRun* run) {
+  Offer offer = offer_for(job, input);
+  if (offer.kind != Offer::kCma || !cma_chosen_) return offer;
+  // Every rank that offers asks its choice for the same ops, so that their turns and probes
+  // coincide: an op reads by CMA only if all of them offer.
+  const DirectCall& call = *job.direct;
+  const uint64_t block = call.count * job.math.element_size;
+  TimedChoice& choice = cma_choices_[choice_index(call.collective, block,
+                                                  cma_bytes_[collective_index(call.collective)])];
+  run->path_timed = true;
+  path_timing_.choice = &choice;
+  path_timing_.bytes = offer.bytes;
+  // Both ways are timed from here, before the peers' offers are awaited: a rank that
+  // refuses knows its path at once, one that offers only once every peer offered.
+  path_timing_.start = Clock::now();
+  return choice.alternative() ? offer : Offer{};
+}
+
+[[gnu::noinline]] void DirectState::observe_path(const Job& job, const DirectRun& run) {
+  const double micros = micros_since(path_timing_.start);
+  TimedChoice& choice = *path_timing_.choice;
+  const bool cma = run.path == DirectRun::Path::ZeroCopy;
+  const bool preferred = choice.prefers_alternative();
+  choice.observe(cma, micros, path_timing_.bytes);
+  WEFT_LOG(TRACE, COLL, "rank %d: direct %s op %llu of %llu bytes %s took %.1f us%s", rank_,
+           algo::collective_name(job.direct->collective),
+           static_cast<unsigned long long>(run.ticket + 1),
+           static_cast<unsigned long long>(path_timing_.bytes), cma ? "read in place" : "staged",
+           micros,
+           choice.prefers_alternative() == preferred ? ""
+           : preferred                               ? "; now staging"
+                                                     : "; now offering cross-memory attach");
+}
+
 bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun* run) {
   using Path = DirectRun::Path;
   if (staged_unoffered(job)) {
@@ -1153,7 +1199,7 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
   }
   const uint64_t op = run->ticket + 1;
   if (!run->offered) {
-    Offer offer = offer_for(job, input);
+    Offer offer = chosen_offer(job, input, run);
     Control& mine = control(rank_);
     mine.offer_kind.store(offer.kind, std::memory_order_relaxed);
     mine.offer_pid.store(offer.pid, std::memory_order_relaxed);

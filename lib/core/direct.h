@@ -60,6 +60,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -73,7 +74,7 @@
 #include "algorithms/schedule.h"
 #include "common/status.h"
 #include "core/registry.h"
-#include "core/staging_stores.h"
+#include "core/timed_choice.h"
 #include "transports/shm/shm.h"
 
 namespace weft {
@@ -85,7 +86,17 @@ struct Job;
 // and at most 1.4x slower in its slow one, where cache lines move slowly between the cores;
 // from 1 MiB blocks a staged op takes 2-2.5x longer there, and the CMA read does not
 // (docs/shared-memory.md).
+// From there each rank times both ways (DirectState::cma_choices_): since streaming stores,
+// staging is as fast as a CMA read or faster from 4 MiB in the fast state, and in place in
+// the slow state a CMA read is still 1.2-1.4x faster.
 inline constexpr uint64_t kAutoCmaBytes = 1 << 20;
+// How much faster per byte CMA must be to be chosen there: the op is timed whole (both
+// ways' waits included), so nothing of either way's cost falls outside its figure.
+inline constexpr double kCmaMargin = 1.0;
+// The first ops after a change between the two take up to 3x their steady time, CMA's
+// first two (traced at 2 MiB blocks: CMA 412, 389, then 234 µs after staged ops; 510, 408,
+// then 260; staged 1026 after CMA ones at 8 MiB, then about 400), so they are not counted.
+inline constexpr uint32_t kCmaWarmup = 2;
 
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
 // and AllToAll are ever nonzero.
@@ -151,6 +162,9 @@ struct DirectRun {
   Path path = Path::Undecided;
   bool offered = false;  // this rank's offer for the op is published
   bool read = false;     // zero copy or CMA: this rank read its peers' inputs
+  // Whether this rank chose between staging the op and reading it by CMA (a TimedChoice;
+  // DirectState::path_timing_ has the rest).
+  bool path_timed = false;
   int lane_root = -1;    // lane: the only rank whose slot this rank reads (-1: every rank)
   // Every rank's ready word of the job's first round carried this rank's call (its tag):
   // the peers made the same call, so the check at completion can be skipped.
@@ -158,9 +172,10 @@ struct DirectRun {
   // The op's geometry, computed at its first advance: elements per staging slot, and
   // rounds as this rank sees them (0: none at all).
   bool sized = false;
-  // Whether this rank's stores are chosen in the op's rounds (StagingStores), and whether
-  // those of the round in progress stream (DirectState::timing_ has the rest). Beside the
-  // other flags, where zeroing them costs small calls least (bench/perf/call_overhead.sh).
+  // Whether this rank's stores are chosen in the op's rounds (a TimedChoice of streaming
+  // stores), and whether those of the round in progress stream (DirectState::timing_ has
+  // the rest). Beside the other flags, where zeroing them costs small calls least
+  // (bench/perf/call_overhead.sh).
   bool timed = false;
   bool streamed = false;
   uint64_t per_round = 0, rounds = 0;
@@ -294,11 +309,16 @@ class DirectState {
   uint64_t rounds(const Job& job, uint64_t per_round) const;
   // Bytes this rank writes to its staging in the op's current round (run.step).
   uint64_t round_bytes(const Job& job, const DirectRun& run) const;
-  // Whether the call's rounds are timed for StagingStores: one-shot, and this rank both
+  // Whether the call's rounds are timed for the choice of stores: one-shot, and this rank both
   // writes its staging and reads the peers'.
   bool packs_and_unpacks(const DirectCall& call) const;
   // The choice for a collective's rounds of `bytes` (at least stream_floor_).
-  StagingStores& stores_for(algo::Collective collective, uint64_t bytes);
+  TimedChoice& stores_for(algo::Collective collective, uint64_t bytes);
+  // The timed op ended: its time handed to its choice.
+  void observe_path(const Job& job, const DirectRun& run);
+  // Where a collective's choice for `bytes` (at least `floor`) lies in stores_ or
+  // cma_choices_.
+  static size_t choice_index(algo::Collective collective, uint64_t bytes, uint64_t floor);
   // pack and unpack for a round whose stores are chosen: timed, the time handed to stores_.
   bool timed_pack(const Job& job, const std::byte* input, const DirectRun& run);
   void timed_unpack(const Job& job, const DirectRun& run);
@@ -319,6 +339,9 @@ class DirectState {
   struct Offer;
   // How peers may read this rank's input in place, if at all.
   Offer offer_for(const Job& job, const std::byte* input) const;
+  // This rank's offer for the op, refused while staging is the faster way for its blocks
+  // (cma_chosen_); an offer so chosen times the op (path_timing_).
+  Offer chosen_offer(const Job& job, const std::byte* input, DirectRun* run);
   // Points sources_ at every rank's input (mapping peers' segments); a peer
   // whose input differs in size from what this rank's call reads is an error.
   Status map_inputs(const Job& job, const std::byte* input);
@@ -372,7 +395,7 @@ class DirectState {
   // reads n times what it writes, a ReduceScatter writes n slots) and grow once a round
   // outgrows the caches, so a figure from 1 MiB rounds must not judge 2 MiB ones.
   static constexpr size_t kStoreSizeClasses = 4;
-  std::array<StagingStores, algo::kNumCollectives * kStoreSizeClasses> stores_;
+  std::array<TimedChoice, algo::kNumCollectives * kStoreSizeClasses> stores_;
   uint64_t stream_floor_ = UINT64_MAX;  // theirs (WEFT_SHM_STREAM_BYTES), for a cheap check
   // The timed round in progress (a communicator's ops run one at a time): the bytes this
   // rank writes to its staging and how long its pack took.
@@ -381,6 +404,19 @@ class DirectState {
     double pack_us = 0;
   };
   RoundTiming timing_;
+  // Whether this rank times CMA against staging for blocks from its CMA threshold
+  // (WEFT_SHM_CMA_BYTES unset) and offers its input only while CMA is the faster way; one
+  // refusal stages the op on every rank. By collective and block size, as stores_ (from
+  // cma_bytes_).
+  bool cma_chosen_ = false;
+  std::array<TimedChoice, algo::kNumCollectives * kStoreSizeClasses> cma_choices_;
+  // The timed op in progress: its choice, the bytes of its input and its start.
+  struct PathTiming {
+    TimedChoice* choice = nullptr;
+    uint64_t bytes = 0;
+    std::chrono::steady_clock::time_point start;
+  };
+  PathTiming path_timing_;
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed
   // allocation stays mapped here until the cache is next emptied.
   std::map<std::pair<uint32_t, uint64_t>, shm::Segment> peer_memory_;

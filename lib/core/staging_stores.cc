@@ -1,6 +1,5 @@
 #include "core/staging_stores.h"
 
-#include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -49,38 +48,6 @@ void streaming_fence() {
 #if defined(__x86_64__)
   _mm_sfence();
 #endif
-}
-
-double StagingStores::best(bool streamed) const {
-  const size_t kind = streamed ? 1 : 0;
-  return *std::min_element(micros_per_byte_[kind],
-                           micros_per_byte_[kind] + std::min<uint64_t>(rounds_[kind], kWindow));
-}
-
-bool StagingStores::explored() const {
-  return rounds_[0] >= kWindow && rounds_[1] >= kWindow;
-}
-
-bool StagingStores::streaming() const {
-  // Streaming must win clearly: part of its cost lands outside the rank's own rounds (the
-  // peers read from memory, the rank's own next writes miss), so a close call is a loss.
-  return explored() && best(true) * kStreamingMargin < best(false);
-}
-
-bool StagingStores::stream(uint64_t round) {
-  // Until each kind has a full window, take turns: a cold first round of either (page
-  // faults, empty caches) must not decide for the next kProbeEvery rounds.
-  if (!explored()) return rounds_[1] < rounds_[0];
-  const uint64_t block = round / kProbeEvery;
-  const bool probe = block != probed_block_;
-  probed_block_ = block;
-  return streaming() != probe;
-}
-
-void StagingStores::observe(bool streamed, double micros, uint64_t bytes) {
-  if (bytes == 0) return;
-  const size_t kind = streamed ? 1 : 0;
-  micros_per_byte_[kind][rounds_[kind]++ % kWindow] = micros / static_cast<double>(bytes);
 }
 
 }  // namespace weft

@@ -50,6 +50,13 @@ int cma_reads_logged() {
   return static_cast<int>(logged_sum("read in place, cma="));
 }
 
+// Ops this process timed to choose between CMA and staging (WEFT_SHM_CMA_BYTES unset), by
+// the way they went, from its own log.
+int chosen_ops_logged(bool read_in_place) {
+  return static_cast<int>(
+      logged_lines(read_in_place ? "bytes read in place took" : "bytes staged took"));
+}
+
 // From now on process_vm_readv fails with EPERM in this process, as it does
 // under Yama's ptrace_scope 1 or in a container without the capability.
 void refuse_cross_memory_attach() {
@@ -92,8 +99,10 @@ CmaThresholds uniform(size_t bytes) {
 
 // Runs every case of `collectives` on `comm`; returns the CMA reads they call
 // for under the per-collective thresholds `cma_bytes`, reporting up to 5 wrong results.
+// `reading_ops`: where given, the number of those cases in which this rank reads by CMA.
 int run_cases(weftComm_t comm, const RankContext& context, std::span<const Collective> collectives,
-              std::span<const size_t> counts, const CmaThresholds& cma_bytes) {
+              std::span<const size_t> counts, const CmaThresholds& cma_bytes,
+              int* reading_ops = nullptr) {
   int failures = 0, expected = 0;
   for (Collective collective : collectives)
     for (size_t count : counts)
@@ -106,8 +115,11 @@ int run_cases(weftComm_t comm, const RankContext& context, std::span<const Colle
                           << " count " << count << " dtype " << dtype << " op " << op
                           << (in_place ? " in-place: " : ": ") << error;
           const size_t threshold = cma_bytes[static_cast<size_t>(collective)];
-          if (threshold != 0 && count * dtype_size(dtype) >= threshold)
-            expected += cma_reads_expected(c, context.rank, context.nranks);
+          if (threshold != 0 && count * dtype_size(dtype) >= threshold) {
+            const int reads = cma_reads_expected(c, context.rank, context.nranks);
+            expected += reads;
+            if (reading_ops != nullptr && reads > 0) ++*reading_ops;
+          }
         }
   return expected;
 }
@@ -136,8 +148,8 @@ TEST_P(CmaMatrix, ExactAndReadByCma) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, CmaMatrix, ::testing::Values(2, 3, 4));
 
-// Blocks under WEFT_SHM_CMA_BYTES are staged, larger ones read by CMA; 0
-// turns it off whatever the size. Exact either way.
+// Blocks under WEFT_SHM_CMA_BYTES are staged, larger ones read by CMA, untimed (a threshold
+// set is kept); 0 turns it off whatever the size. Exact either way.
 TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
   CmaLogs logs;
   for (const char* threshold : {"4096", "0"}) {
@@ -153,6 +165,7 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
           int expected = run_cases(comm, context, collectives, counts, uniform(atoi(threshold)));
           EXPECT_EQ(cma_reads_logged(), expected);
           EXPECT_TRUE(atoi(threshold) == 0 || expected > 0);
+          EXPECT_EQ(chosen_ops_logged(true) + chosen_ops_logged(false), 0);
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
           EXPECT_EQ(weftCommDestroy(world), weftSuccess);
         },
@@ -160,9 +173,10 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
   }
 }
 
-// Unset, the threshold is kAutoCmaBytes while the node has a core per rank; once the ranks
-// outnumber the cores everything is staged (a read would wait for the peer's time slice
-// twice).
+// Unset, the threshold is kAutoCmaBytes while the node has a core per rank, and from there
+// each op is timed and read by CMA or staged as the timings choose (all its ranks alike);
+// once the ranks outnumber the cores everything is staged (a read would wait for the peer's
+// time slice twice).
 TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   CmaLogs logs;
@@ -188,15 +202,56 @@ TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
               oversubscribed
                   ? std::vector<size_t>{7, 4096, 65536}
                   : std::vector<size_t>{7, edge / 8, edge / 2 - 1, edge / 2, edge - 1, edge + 3};
-          int expected = run_cases(comm, context, collectives, counts, thresholds);
-          EXPECT_EQ(cma_reads_logged(), expected);
+          int reading_ops = 0;
+          int expected = run_cases(comm, context, collectives, counts, thresholds, &reading_ops);
           EXPECT_EQ(expected > 0, !oversubscribed);
+          // Every op that could read by CMA was timed; those read in place read every peer.
+          const int read_in_place = chosen_ops_logged(true);
+          EXPECT_EQ(read_in_place + chosen_ops_logged(false), reading_ops);
+          EXPECT_EQ(cma_reads_logged(), read_in_place * (context.nranks - 1));
+          // Each size's first ops are staged (UnsetThresholdTimesBothWaysOnEveryRankAlike runs
+          // enough of one size to reach CMA).
+          EXPECT_EQ(chosen_ops_logged(false) > 0, !oversubscribed);
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
           EXPECT_EQ(weftCommDestroy(world), weftSuccess);
         },
         logs.options({}));
   }
   EXPECT_GT(cases, 0);
+}
+
+// Unset, the first ops of a size run staged, then read by CMA, kWindow counted ops each after
+// kCmaWarmup uncounted ones (TimedChoice), on every rank at once: every op is read by CMA on
+// all ranks or staged on all, so each rank logs as many ops of each way and reads its peer
+// in each CMA op.
+TEST_F(NoLeftovers, UnsetThresholdTimesBothWaysOnEveryRankAlike) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "2 ranks on 1 core never read by CMA";
+  CmaLogs logs;
+  run_ranks(
+      2,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const size_t count = kAutoCmaBytes / sizeof(float),
+                     per_way = TimedChoice::kWindow + kCmaWarmup;
+        std::vector<float> input(count), output(2 * count);
+        for (size_t op = 0; op < 2 * per_way; ++op) {
+          for (size_t i = 0; i < count; ++i)
+            input[i] = static_cast<float>((context.rank * 5 + op + i) % 251);
+          ASSERT_EQ(weftAllGather(input.data(), output.data(), count, weftFloat32, comm, nullptr),
+                    weftSuccess);
+          for (int q = 0; q < 2; ++q)
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(output[q * count + i], static_cast<float>((q * 5 + op + i) % 251))
+                  << "op " << op << " rank " << q << " element " << i;
+        }
+        EXPECT_EQ(chosen_ops_logged(true), static_cast<int>(per_way));
+        EXPECT_EQ(chosen_ops_logged(false), static_cast<int>(per_way));
+        EXPECT_EQ(cma_reads_logged(), static_cast<int>(per_way));
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      logs.options({}));
 }
 
 // One rank that may not read its peers (EPERM) fails the init probe for all:

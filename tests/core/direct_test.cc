@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "algorithms/schedule.h"
-#include "core/staging_stores.h"
+#include "core/timed_choice.h"
 #include "support/direct_cases.h"
 #include "support/multirank.h"
 #include "support/trace_logs.h"
@@ -112,7 +112,7 @@ TEST_P(UncheckedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
 INSTANTIATE_TEST_SUITE_P(Ranks, UncheckedDirectMatrix, ::testing::Values(2, 3, 4, 5, 8));
 
 // The rounds of every one-shot op whose first round writes 64 bytes or more are timed; the
-// kinds of store take turns at first and later once per block of rounds (StagingStores), so
+// kinds of store take turns at first and later once per block of rounds (a TimedChoice), so
 // the matrix's ops run with both kinds, checked exactly (LargeRoundsTryStreamingStores...
 // proves that some rounds stream). Ranks that outnumber the cores never stream, so only rank
 // counts up to this machine's two cores exercise it.
@@ -332,7 +332,7 @@ TEST_F(NoLeftovers, TheSecondLargeCallDoesNotFaultInTheStaging) {
 
 // With WEFT_SHM_STREAM_BYTES at or under the bytes a round writes (half the staging), every
 // round of a one-shot AllReduce is timed, and the kinds of store take turns at first
-// (StagingStores), so some rounds stream; the results stay exact. Over it, or at 0, no round is
+// (a TimedChoice), so some rounds stream; the results stay exact. Over it, or at 0, no round is
 // timed. Each rank counts its rounds in its own TRACE log. Ranks that outnumber the cores never
 // stream, and only x86-64 builds have streaming stores.
 TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
@@ -367,7 +367,7 @@ TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
           const long timed = streamed + logged_lines("bytes with ordinary stores took");
           if (times_rounds) {
             EXPECT_EQ(timed, static_cast<long>(rounds * calls));
-            EXPECT_GE(streamed, static_cast<long>(StagingStores::kWindow));
+            EXPECT_GE(streamed, static_cast<long>(TimedChoice::kWindow));
             EXPECT_LE(streamed, timed);
           } else {
             EXPECT_EQ(timed, 0);
