@@ -165,7 +165,7 @@ struct DirectRun {
   // Whether this rank chose between staging the op and reading it by CMA (a TimedChoice;
   // DirectState::path_timing_ has the rest).
   bool path_timed = false;
-  int lane_root = -1;    // lane: the only rank whose slot this rank reads (-1: every rank)
+  int lane_root = -1;  // lane: the only rank whose slot this rank reads (-1: every rank)
   // Every rank's ready word of the job's first round carried this rank's call (its tag):
   // the peers made the same call, so the check at completion can be skipped.
   bool same_call = false;
