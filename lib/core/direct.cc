@@ -187,6 +187,13 @@ bool overlaps(const std::byte* a, size_t a_bytes, const std::byte* b, size_t b_b
   return a < b + b_bytes && b < a + a_bytes;
 }
 
+// Whether an AllToAll's own block can go straight from its input to its output instead of
+// through the staging: in place it is there already, and disjoint buffers cannot overwrite
+// what is still to be read (partly overlapping ones could).
+bool own_block_direct(const std::byte* input, const std::byte* output, size_t bytes) {
+  return input == output || !overlaps(input, bytes, output, bytes);
+}
+
 bool zero_copy_capable(const DirectCall& call) {
   switch (call.collective) {
     case algo::Collective::AllReduce:
@@ -890,11 +897,18 @@ inline void DirectState::reduce_all(const Job& job, const DirectRun& run, std::b
         break;
       }
       [[fallthrough]];
-    case algo::Collective::ReduceScatter:
+    case algo::Collective::ReduceScatter: {
+      // An AllToAll's own block skips the staging where it can (unpack copies it).
+      const int own = call.collective == algo::Collective::AllToAll &&
+                              own_block_direct(input, job.output, nranks_ * call.count * e)
+                          ? rank_
+                          : -1;
       for (int p = 0; p < nranks_; ++p)
-        stage_bytes(mine + p * per_round * e, input + (p * call.count + begin) * e, length * e,
-                    run.streamed);
+        if (p != own)
+          stage_bytes(mine + p * per_round * e, input + (p * call.count + begin) * e, length * e,
+                      run.streamed);
       break;
+    }
     case algo::Collective::AllToAllv:
       for (int p = 0; p < nranks_; ++p)
         copy_bytes(mine + p * per_round * e,
@@ -937,17 +951,29 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
     case algo::Collective::ReduceScatter:
       reduce_all(job, run, out + begin * e, rank_ * per_round * e, length);
       break;
-    case algo::Collective::AllGather:
+    case algo::Collective::AllGather: {
+      // In place, this rank's own block is in its output already: copying it back from the
+      // staging would move a third more bytes for nothing.
+      const int own = job.input == out + rank_ * call.count * e ? rank_ : -1;
       for (int q = 0; q < nranks_; ++q)
-        copy_bytes(out + (q * call.count + begin) * e, staging(q, run), length * e);
+        if (q != own) copy_bytes(out + (q * call.count + begin) * e, staging(q, run), length * e);
       break;
+    }
     case algo::Collective::Broadcast:
       // The root's own output already holds the data when the call is in place.
-      copy_bytes(out + begin * e, staging(call.root, run), length * e);
+      if (rank_ != call.root || job.input != out)
+        copy_bytes(out + begin * e, staging(call.root, run), length * e);
       break;
-    case algo::Collective::AllToAll:
+    case algo::Collective::AllToAll: {
+      // Copied from the input when pack left it out of the staging (a no-op in place).
+      const int own = !run.inline_data && own_block_direct(job.input, out, nranks_ * call.count * e)
+                          ? rank_
+                          : -1;
       for (int q = 0; q < nranks_; ++q) {
-        if (!run.inline_data)
+        if (q == own)
+          copy_bytes(out + (q * call.count + begin) * e, job.input + (q * call.count + begin) * e,
+                     length * e);
+        else if (!run.inline_data)
           copy_bytes(out + (q * call.count + begin) * e, staging(q, run) + rank_ * per_round * e,
                      length * e);
         else if (q != rank_)  // pack wrote this rank's own block
@@ -955,6 +981,7 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
                      staging(q, run) + compact_slot(q, rank_) * length * e, length * e);
       }
       break;
+    }
     case algo::Collective::AllToAllv:
       for (int q = 0; q < nranks_; ++q)
         copy_bytes(out + (call.peers->recv_displs[q] + step * per_round) * e,
