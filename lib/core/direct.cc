@@ -333,6 +333,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   cma_chosen_ = !cma_bytes;
   cma_choices_.fill(TimedChoice(kCmaMargin, TimedChoice::Probe::Alternate, kCmaWarmup));
   stores_.fill(TimedChoice(kStreamingMargin, TimedChoice::Probe::OtherWay));
+  copy_stores_.fill(TimedChoice(kCopyStreamingMargin, TimedChoice::Probe::OtherWay));
   // Ranks that share cores time each other's time slices, not the stores.
   const uint64_t stream_bytes =
       oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES");
@@ -1310,10 +1311,14 @@ Status DirectState::map_inputs(const Job& job, const std::byte* input) {
   return Status::Ok();
 }
 
-Status DirectState::read_input(int q, size_t offset, std::byte* dst, size_t bytes) const {
+Status DirectState::read_input(int q, size_t offset, std::byte* dst, size_t bytes,
+                               bool streamed) const {
   const Source& source = sources_[q];
   if (source.local != nullptr) {
-    copy_bytes(dst, source.local + offset, bytes);
+    if (streamed && dst != source.local + offset)
+      copy_streaming(dst, source.local + offset, bytes);
+    else
+      copy_bytes(dst, source.local + offset, bytes);
     return Status::Ok();
   }
   Status read = shm::cma_read(source.pid, source.address + offset, dst, bytes);
@@ -1324,33 +1329,84 @@ Status DirectState::read_input(int q, size_t offset, std::byte* dst, size_t byte
   return Status::Ok();
 }
 
+template <typename Read>
+Status DirectState::for_each_read(const Job& job, Read read) const {
+  const DirectCall& call = *job.direct;
+  const size_t bytes = call.count * job.math.element_size;
+  std::byte* out = job.output;
+  Status status;
+  switch (call.collective) {
+    case algo::Collective::AllGather:
+      for (int q = 0; q < nranks_ && status.ok(); ++q) status = read(q, 0, out + q * bytes);
+      break;
+    case algo::Collective::Broadcast:
+      status = read(call.root, 0, out);
+      break;
+    case algo::Collective::AllToAll:
+      for (int q = 0; q < nranks_ && status.ok(); ++q)
+        status = read(q, rank_ * bytes, out + q * bytes);
+      break;
+    default:  // the reductions read the mapped inputs where they lie
+      break;
+  }
+  return status;
+}
+
+TimedChoice* DirectState::copy_stores_for(const Job& job) {
+  const DirectCall& call = *job.direct;
+  const uint64_t bytes = call.count * job.math.element_size;
+  if (bytes < stream_floor_) return nullptr;
+  bool copies = false;
+  (void)for_each_read(job, [&](int q, size_t offset, const std::byte* dst) {
+    copies = copies || (sources_[q].local != nullptr && sources_[q].local + offset != dst);
+    return Status::Ok();
+  });
+  return copies ? &copy_stores_[choice_index(call.collective, bytes, stream_floor_)] : nullptr;
+}
+
+[[gnu::noinline]] Status DirectState::timed_reads(const Job& job, TimedChoice* stores) {
+  const uint64_t bytes = job.direct->count * job.math.element_size;
+  const bool streamed = stores->alternative();
+  copy_timing_ = {stores, streamed, bytes, Clock::now()};
+  Status read = for_each_read(job, [&](int q, size_t offset, std::byte* dst) {
+    return read_input(q, offset, dst, bytes, streamed);
+  });
+  if (streamed) streaming_fence();  // before the done word tells the peers
+  return read;
+}
+
+[[gnu::noinline]] void DirectState::observe_copies(const Job& job) {
+  const double micros = micros_since(copy_timing_.start);
+  TimedChoice& stores = *copy_timing_.choice;
+  const bool streaming = stores.prefers_alternative();
+  stores.observe(copy_timing_.streamed, micros, copy_timing_.bytes);
+  WEFT_LOG(TRACE, COLL, "rank %d: direct %s of %llu-byte blocks read with %s stores took %.1f us%s",
+           rank_, algo::collective_name(job.direct->collective),
+           static_cast<unsigned long long>(copy_timing_.bytes),
+           copy_timing_.streamed ? "streaming" : "ordinary", micros,
+           stores.prefers_alternative() == streaming ? ""
+           : streaming                               ? "; now ordinary stores"
+                                                     : "; now streaming stores");
+}
+
 bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
   const uint64_t op = run->ticket + 1;
   if (!run->read) {
     const DirectCall& call = *job.direct;
     const size_t bytes = call.count * job.math.element_size;
-    std::byte* out = job.output;
     Status read;
-    switch (call.collective) {
-      case algo::Collective::AllReduce:
-      case algo::Collective::Reduce:  // every input is mapped: CMA offers are refused
-        if (call.collective == algo::Collective::AllReduce || rank_ == call.root)
-          reduce_ranks(job.math, nranks_, out, call.count,
-                       [&](int q) { return sources_[q].local; });
-        break;
-      case algo::Collective::AllGather:
-        for (int q = 0; q < nranks_ && read.ok(); ++q)
-          read = read_input(q, 0, out + q * bytes, bytes);
-        break;
-      case algo::Collective::Broadcast:
-        read = read_input(call.root, 0, out, bytes);
-        break;
-      case algo::Collective::AllToAll:
-        for (int q = 0; q < nranks_ && read.ok(); ++q)
-          read = read_input(q, rank_ * bytes, out + q * bytes, bytes);
-        break;
-      default:
-        break;
+    if (call.collective == algo::Collective::AllReduce ||
+        (call.collective == algo::Collective::Reduce && rank_ == call.root)) {
+      // Every input is mapped: CMA offers are refused.
+      reduce_ranks(job.math, nranks_, job.output, call.count,
+                   [&](int q) { return sources_[q].local; });
+    } else if (TimedChoice* stores = copy_stores_for(job)) {
+      run->copy_timed = true;
+      read = timed_reads(job, stores);
+    } else {
+      read = for_each_read(job, [&](int q, size_t offset, std::byte* dst) {
+        return read_input(q, offset, dst, bytes, false);
+      });
     }
     if (!read.ok()) {
       // A peer that died or unmapped its input: nothing else can end the op.
@@ -1371,6 +1427,7 @@ bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
   // The input goes back to the user only once no peer reads it any more.
   for (Control* peer : controls_)
     if (peer->done.load(std::memory_order_acquire) < op) return false;
+  if (run->copy_timed) observe_copies(job);
   return true;
 }
 

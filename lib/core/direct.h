@@ -98,6 +98,14 @@ inline constexpr double kCmaMargin = 1.0;
 // then 260; staged 1026 after CMA ones at 8 MiB, then about 400), so they are not counted.
 inline constexpr uint32_t kCmaWarmup = 2;
 
+// How much faster per byte a zero-copy op must run with streaming stores for its copies from
+// mapped memory to stream (DirectState::copy_stores_). Once blocks outgrow the caches those
+// ops are bound by memory traffic, which streaming cuts by the reads an ordinary store makes
+// of each line first: 2-rank out-of-place AllGather and AllToAll from 4 MiB blocks ran a
+// median 1.1-1.3x faster streamed, in runs whose spread was larger than that. The margin: the
+// output's lines are left in memory, and a caller that reads them next pays outside the op.
+inline constexpr double kCopyStreamingMargin = 1.1;
+
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
 // and AllToAll are ever nonzero.
 using CmaThresholds = std::array<uint64_t, algo::kNumCollectives>;
@@ -178,6 +186,9 @@ struct DirectRun {
   // (bench/perf/call_overhead.sh).
   bool timed = false;
   bool streamed = false;
+  // Zero copy: whether this rank's copies from mapped memory are chosen (a TimedChoice;
+  // DirectState::copy_timing_ has the rest).
+  bool copy_timed = false;
   uint64_t per_round = 0, rounds = 0;
   // The op's one round travels next to the ready words instead of in the staging.
   bool inline_data = false;
@@ -322,6 +333,10 @@ class DirectState {
   // pack and unpack for a round whose stores are chosen: timed, the time handed to stores_.
   bool timed_pack(const Job& job, const std::byte* input, const DirectRun& run);
   void timed_unpack(const Job& job, const DirectRun& run);
+  // A zero-copy op's reads, whose copies from mapped memory `stores` chooses; the op is timed
+  // from there to its end (observe_copies).
+  Status timed_reads(const Job& job, TimedChoice* stores);
+  void observe_copies(const Job& job);
   // Elements per staging slot.
   uint64_t slot_elements(const Job& job) const;
   // Maps this rank's staging pages that an op whose first (largest) round writes
@@ -345,8 +360,16 @@ class DirectState {
   // Points sources_ at every rank's input (mapping peers' segments); a peer
   // whose input differs in size from what this rank's call reads is an error.
   Status map_inputs(const Job& job, const std::byte* input);
-  // Copies `bytes` at `offset` of rank q's input to `dst`, whatever its kind.
-  Status read_input(int q, size_t offset, std::byte* dst, size_t bytes) const;
+  // Copies `bytes` at `offset` of rank q's input to `dst`, whatever its kind; a copy from
+  // mapped memory (this rank's own input, a peer's weftMemAlloc segment) `streamed` or not.
+  Status read_input(int q, size_t offset, std::byte* dst, size_t bytes, bool streamed) const;
+  // Calls read(q, offset, dst) for every block a zero-copy op reads (rank q's input at
+  // `offset`, to `dst`), in order, until one fails.
+  template <typename Read>
+  Status for_each_read(const Job& job, Read read) const;
+  // The choice of stores for a zero-copy op's copies from mapped memory, when they are
+  // chosen: blocks from stream_floor_, and a block that is not already in place.
+  TimedChoice* copy_stores_for(const Job& job);
   // Reads the peers' inputs, then waits until every peer read this rank's.
   bool zero_copy(const Job& job, DirectRun* run, bool* progressed);
   // What each rank tells the others at init's second stage: where its CMA
@@ -410,6 +433,12 @@ class DirectState {
   // cma_bytes_).
   bool cma_chosen_ = false;
   std::array<TimedChoice, algo::kNumCollectives * kStoreSizeClasses> cma_choices_;
+  // The stores of zero-copy ops' copies from mapped memory (an AllGather's or AllToAll's
+  // own block, a Broadcast root's out-of-place output, peers' weftMemAlloc inputs), chosen
+  // as stores_ is, from stream_floor_ by collective and block size; timed: the op from its
+  // reads to its end, so that what streaming saves the peers' reads of this rank's input
+  // counts too.
+  std::array<TimedChoice, algo::kNumCollectives * kStoreSizeClasses> copy_stores_;
   // The timed op in progress: its choice, the bytes of its input and its start.
   struct PathTiming {
     TimedChoice* choice = nullptr;
@@ -417,6 +446,15 @@ class DirectState {
     std::chrono::steady_clock::time_point start;
   };
   PathTiming path_timing_;
+  // The zero-copy op in progress whose copies are chosen: its choice, whether they streamed,
+  // its block bytes and the start of its reads.
+  struct CopyTiming {
+    TimedChoice* choice = nullptr;
+    bool streamed = false;
+    uint64_t bytes = 0;
+    std::chrono::steady_clock::time_point start;
+  };
+  CopyTiming copy_timing_;
   // Peers' weftMemAlloc segments mapped so far, by (pid, serial). A freed
   // allocation stays mapped here until the cache is next emptied.
   std::map<std::pair<uint32_t, uint64_t>, shm::Segment> peer_memory_;

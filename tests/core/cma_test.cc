@@ -254,6 +254,82 @@ TEST_F(NoLeftovers, UnsetThresholdTimesBothWaysOnEveryRankAlike) {
       logs.options({}));
 }
 
+// Copies from this rank's own input in a zero-copy op (out-of-place AllGather and AllToAll,
+// a Broadcast root out of place) choose their stores from WEFT_SHM_STREAM_BYTES: each rank
+// times such ops, the first 2 * kWindow of a kind taking turns between ordinary and streaming
+// stores, and stays exact. In place (nothing copied), with the floor above the block, or at
+// 0, none is timed; every peer block is read by CMA throughout.
+TEST_F(NoLeftovers, OwnBlockCopiesTryStreamingStoresAndStayExact) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "streaming stores are used on x86-64 builds only";
+#endif
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "ranks that share a core never stream";
+  CmaLogs logs;
+  constexpr size_t kCount = 3000, kBlockBytes = kCount * sizeof(float);
+  const std::string block = std::to_string(kBlockBytes), over = std::to_string(kBlockBytes + 1);
+  for (const char* floor : {"64", block.c_str(), over.c_str(), "0"}) {
+    SCOPED_TRACE(std::string("WEFT_SHM_STREAM_BYTES=") + floor);
+    const bool timed = std::stoul(floor) != 0 && std::stoul(floor) <= kBlockBytes;
+    run_ranks(
+        2,
+        [timed](const RankContext& context) {
+          weftComm_t world = init_comm(context);
+          weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+          const int n = context.nranks, me = context.rank;
+          const size_t ops = 2 * TimedChoice::kWindow;
+          // Rank q's element i of op k (in AllToAll, i runs over all n blocks).
+          auto value = [](int q, size_t k, size_t i) {
+            return static_cast<float>((q * 7 + k * 3 + i) % 509);
+          };
+          std::vector<float> input(n * kCount), output(n * kCount);
+          auto fill_input = [&](size_t k) {
+            for (size_t i = 0; i < input.size(); ++i) input[i] = value(me, k, i);
+          };
+          for (size_t k = 0; k < ops; ++k) {
+            fill_input(k);
+            ASSERT_EQ(
+                weftAllGather(input.data(), output.data(), kCount, weftFloat32, comm, nullptr),
+                weftSuccess);
+            for (int q = 0; q < n; ++q)
+              for (size_t i = 0; i < kCount; ++i)
+                ASSERT_EQ(output[q * kCount + i], value(q, k, i)) << "AllGather op " << k;
+            // In place: this rank's block is already where it belongs.
+            for (size_t i = 0; i < kCount; ++i) output[me * kCount + i] = value(me, k + 1, i);
+            ASSERT_EQ(weftAllGather(output.data() + me * kCount, output.data(), kCount, weftFloat32,
+                                    comm, nullptr),
+                      weftSuccess);
+            for (int q = 0; q < n; ++q)
+              for (size_t i = 0; i < kCount; ++i)
+                ASSERT_EQ(output[q * kCount + i], value(q, k + 1, i))
+                    << "in-place AllGather op " << k;
+            ASSERT_EQ(weftAllToAll(input.data(), output.data(), kCount, weftFloat32, comm, nullptr),
+                      weftSuccess);
+            for (int q = 0; q < n; ++q)
+              for (size_t i = 0; i < kCount; ++i)
+                ASSERT_EQ(output[q * kCount + i], value(q, k, me * kCount + i))
+                    << "AllToAll op " << k;
+            ASSERT_EQ(
+                weftBroadcast(input.data(), output.data(), kCount, weftFloat32, 0, comm, nullptr),
+                weftSuccess);
+            for (size_t i = 0; i < kCount; ++i)
+              ASSERT_EQ(output[i], value(0, k, i)) << "Broadcast op " << k;
+          }
+          // Rank 0 copies in AllGather, AllToAll and Broadcast; rank 1 in the first two.
+          const long kinds = me == 0 ? 3 : 2;
+          const long streamed = logged_lines("blocks read with streaming stores took");
+          const long ordinary = logged_lines("blocks read with ordinary stores took");
+          EXPECT_EQ(streamed, timed ? kinds * static_cast<long>(TimedChoice::kWindow) : 0);
+          EXPECT_EQ(ordinary, timed ? kinds * static_cast<long>(TimedChoice::kWindow) : 0);
+          // Per op one AllGather, one in-place AllGather and one AllToAll block from the peer;
+          // the Broadcast's from the root.
+          EXPECT_EQ(cma_reads_logged(), static_cast<int>(ops) * (me == 0 ? 3 : 4));
+          EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+          EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+        },
+        logs.options({{"WEFT_SHM_CMA_BYTES", "1"}, {"WEFT_SHM_STREAM_BYTES", floor}}));
+  }
+}
+
 // One rank that may not read its peers (EPERM) fails the init probe for all:
 // every rank says so in its log, reads nothing by CMA, and stays exact.
 TEST_F(NoLeftovers, OneRefusingRankTurnsCmaOffForAll) {
