@@ -101,8 +101,8 @@ constexpr EnvVar kEnvTable[] = {
      "Smallest direct-path round (bytes a rank writes to its staging in an op's first round) "
      "from which a rank times its rounds and writes them with streaming stores while those "
      "are clearly faster; also the smallest block whose copy from mapped memory in an op read "
-     "in place (a rank's own block) is so chosen. 0 never streams; ranks that outnumber the "
-     "cores never do.",
+     "in place (a rank's own block, a peer's registered input) is so chosen. 0 never streams; "
+     "ranks that outnumber the cores never do.",
      EnvKind::kBytes},
     {"WEFT_SHM_CMA_BYTES", "",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "

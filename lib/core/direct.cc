@@ -333,7 +333,9 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   cma_chosen_ = !cma_bytes;
   cma_choices_.fill(TimedChoice(kCmaMargin, TimedChoice::Probe::Alternate, kCmaWarmup));
   stores_.fill(TimedChoice(kStreamingMargin, TimedChoice::Probe::OtherWay));
-  copy_stores_.fill(TimedChoice(kCopyStreamingMargin, TimedChoice::Probe::OtherWay));
+  // Probes alike on every rank: an op's time includes its peers' copies, so a rank's figure
+  // for a way is only clean while the peers take it too.
+  copy_stores_.fill(TimedChoice(kCopyStreamingMargin, TimedChoice::Probe::Alternate));
   // Ranks that share cores time each other's time slices, not the stores.
   const uint64_t stream_bytes =
       oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES");
@@ -816,24 +818,38 @@ inline uint64_t DirectState::rounds(const Job& job, uint64_t per_round) const {
 }
 
 inline uint64_t DirectState::round_bytes(const Job& job, const DirectRun& run) const {
-  // A slot per peer (or one slot) of the round's piece; AllToAllv's whole slots, its
-  // counts differing per peer.
+  // A slot per peer (or one slot) of the round's piece; AllToAllv's pieces of its counts.
   const DirectCall& call = *job.direct;
-  const size_t slots = has_slots(call.collective) ? nranks_ : 1;
-  const uint64_t elements = call.collective == algo::Collective::AllToAllv
-                                ? run.per_round
-                                : piece(call.count, run.step, run.per_round);
-  return elements * job.math.element_size * slots;
+  uint64_t elements = 0;
+  if (call.collective == algo::Collective::AllToAllv) {
+    for (int p = 0; p < nranks_; ++p)
+      elements += piece(call.peers->send_counts[p], run.step, run.per_round);
+  } else {
+    const size_t slots = has_slots(call.collective) ? nranks_ : 1;
+    elements = slots * piece(call.count, run.step, run.per_round);
+  }
+  return elements * job.math.element_size;
 }
 
 inline bool DirectState::packs_and_unpacks(const DirectCall& call) const {
   // A Broadcast's other ranks write nothing, a Reduce's read nothing. Two-shot's rounds
-  // alternate between two kinds, so its figures would depend on which rounds were timed;
-  // AllToAllv's rounds write what each rank's counts say, rounds apart.
+  // alternate between two kinds, so its figures would depend on which rounds were timed.
   return call.algorithm == algo::Algorithm::OneShot &&
-         call.collective != algo::Collective::AllToAllv &&
          (rank_ == call.root || (call.collective != algo::Collective::Broadcast &&
                                  call.collective != algo::Collective::Reduce));
+}
+
+// Whether an AllToAllv's own block can go straight from its input to its output: the
+// buffers, as far as the counts reach, do not overlap (there is no in-place AllToAllv).
+bool DirectState::own_block_direct_v(const Job& job) const {
+  const DirectCall::PeerCounts& peers = *job.direct->peers;
+  uint64_t input = 0, output = 0;
+  for (int q = 0; q < nranks_; ++q) {
+    input = std::max(input, peers.send_displs[q] + peers.send_counts[q]);
+    output = std::max(output, peers.recv_displs[q] + peers.recv_counts[q]);
+  }
+  const size_t e = job.math.element_size;
+  return !overlaps(job.input, input * e, job.output, output * e);
 }
 
 void DirectState::prefault_staging(uint64_t first_round_bytes) {
@@ -910,12 +926,15 @@ inline void DirectState::reduce_all(const Job& job, const DirectRun& run, std::b
                       run.streamed);
       break;
     }
-    case algo::Collective::AllToAllv:
+    case algo::Collective::AllToAllv: {
+      const int own = own_block_direct_v(job) ? rank_ : -1;  // unpack copies it
       for (int p = 0; p < nranks_; ++p)
-        copy_bytes(mine + p * per_round * e,
-                   input + (call.peers->send_displs[p] + step * per_round) * e,
-                   piece(call.peers->send_counts[p], step, per_round) * e);
+        if (p != own)
+          stage_bytes(mine + p * per_round * e,
+                      input + (call.peers->send_displs[p] + step * per_round) * e,
+                      piece(call.peers->send_counts[p], step, per_round) * e, run.streamed);
       break;
+    }
     default:
       break;
   }
@@ -983,12 +1002,15 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
       }
       break;
     }
-    case algo::Collective::AllToAllv:
+    case algo::Collective::AllToAllv: {
+      const int own = own_block_direct_v(job) ? rank_ : -1;
       for (int q = 0; q < nranks_; ++q)
         copy_bytes(out + (call.peers->recv_displs[q] + step * per_round) * e,
-                   staging(q, run) + rank_ * per_round * e,
+                   q == own ? job.input + (call.peers->send_displs[q] + step * per_round) * e
+                            : staging(q, run) + rank_ * per_round * e,
                    piece(call.peers->recv_counts[q], step, per_round) * e);
       break;
+    }
     default:
       break;
   }
@@ -1048,7 +1070,10 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
       // The first round is the largest: it sizes the staging's mapping, and its stores
       // are chosen (and all the op's rounds timed) when it reaches the floor.
       const uint64_t first_round = round_bytes(job, *run);
-      prefault_staging(first_round);
+      // AllToAllv's slots lie per_round apart whatever its counts.
+      prefault_staging(job.direct->collective == algo::Collective::AllToAllv
+                           ? nranks_ * run->per_round * job.math.element_size
+                           : first_round);
       run->timed = first_round >= stream_floor_ && packs_and_unpacks(*job.direct);
     }
   }
@@ -1364,6 +1389,7 @@ TimedChoice* DirectState::copy_stores_for(const Job& job) {
   return copies ? &copy_stores_[choice_index(call.collective, bytes, stream_floor_)] : nullptr;
 }
 
+// Out of line, as timed_pack: the untimed reads take no clock reads nor the code around them.
 [[gnu::noinline]] Status DirectState::timed_reads(const Job& job, TimedChoice* stores) {
   const uint64_t bytes = job.direct->count * job.math.element_size;
   const bool streamed = stores->alternative();

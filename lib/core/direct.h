@@ -101,9 +101,10 @@ inline constexpr uint32_t kCmaWarmup = 2;
 // How much faster per byte a zero-copy op must run with streaming stores for its copies from
 // mapped memory to stream (DirectState::copy_stores_). Once blocks outgrow the caches those
 // ops are bound by memory traffic, which streaming cuts by the reads an ordinary store makes
-// of each line first: 2-rank out-of-place AllGather and AllToAll from 4 MiB blocks ran a
-// median 1.1-1.3x faster streamed, in runs whose spread was larger than that. The margin: the
-// output's lines are left in memory, and a caller that reads them next pays outside the op.
+// of each line first: 2-rank out-of-place AllGather and AllToAll ops read by CMA ran a median
+// 1.08-1.23x faster streamed from 4 MiB blocks (1.04-1.11x at 2 MiB), timed op by op within
+// one run; whole runs vary more than that. The margin: the output's lines are left in
+// memory, and a caller that reads them next pays outside the op.
 inline constexpr double kCopyStreamingMargin = 1.1;
 
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
@@ -320,6 +321,8 @@ class DirectState {
   uint64_t rounds(const Job& job, uint64_t per_round) const;
   // Bytes this rank writes to its staging in the op's current round (run.step).
   uint64_t round_bytes(const Job& job, const DirectRun& run) const;
+  // Whether an AllToAllv's own block skips the staging (pack and unpack decide alike).
+  bool own_block_direct_v(const Job& job) const;
   // Whether the call's rounds are timed for the choice of stores: one-shot, and this rank both
   // writes its staging and reads the peers'.
   bool packs_and_unpacks(const DirectCall& call) const;

@@ -331,10 +331,10 @@ TEST_F(NoLeftovers, TheSecondLargeCallDoesNotFaultInTheStaging) {
 }
 
 // With WEFT_SHM_STREAM_BYTES at or under the bytes a round writes (half the staging), every
-// round of a one-shot AllReduce is timed, and the kinds of store take turns at first
-// (a TimedChoice), so some rounds stream; the results stay exact. Over it, or at 0, no round is
-// timed. Each rank counts its rounds in its own TRACE log. Ranks that outnumber the cores never
-// stream, and only x86-64 builds have streaming stores.
+// round of a one-shot AllReduce and of an AllToAllv is timed, and the kinds of store take
+// turns at first (a TimedChoice), so some rounds stream; the results stay exact. Over it, or
+// at 0, no round is timed. Each rank counts its rounds in its own TRACE log. Ranks that
+// outnumber the cores never stream, and only x86-64 builds have streaming stores.
 TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "streaming stores are used on x86-64 builds only";
@@ -350,7 +350,8 @@ TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
         [times_rounds](const RankContext& context) {
           weftComm_t world = init_comm(context);
           weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
-          // One-shot AllReduce rounds fill a staging half: 8 rounds a call.
+          // One-shot AllReduce rounds fill a staging half: 8 rounds a call (and as many of
+          // AllToAllv's below).
           const size_t rounds = 8, calls = 4, count = rounds * kStagingBytes / 2 / sizeof(float);
           std::vector<float> input(count), output(count);
           for (size_t call = 0; call < calls; ++call) {
@@ -363,10 +364,26 @@ TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
               ASSERT_EQ(output[i], static_cast<float>(3 + 2 * ((i + call) % 7)))
                   << "call " << call << " element " << i;
           }
+          // AllToAllv's rounds are chosen alike: 2 ranks, a staging half's slot per peer of
+          // each one's input to the other, rounds after rounds.
+          const size_t per_peer = count / 2;
+          std::vector<size_t> counts(2, per_peer), displs{0, per_peer};
+          for (size_t call = 0; call < calls; ++call) {
+            for (size_t i = 0; i < count; ++i)
+              input[i] = static_cast<float>(context.rank * 5 + (i + call) % 11);
+            ASSERT_EQ(weftAllToAllv(input.data(), counts.data(), displs.data(), output.data(),
+                                    counts.data(), displs.data(), weftFloat32, comm, nullptr),
+                      weftSuccess);
+            for (int q = 0; q < 2; ++q)
+              for (size_t i = 0; i < per_peer; ++i)
+                ASSERT_EQ(output[q * per_peer + i],
+                          static_cast<float>(q * 5 + (context.rank * per_peer + i + call) % 11))
+                    << "AllToAllv call " << call << " from rank " << q << " element " << i;
+          }
           const long streamed = logged_lines("bytes with streaming stores took");
           const long timed = streamed + logged_lines("bytes with ordinary stores took");
           if (times_rounds) {
-            EXPECT_EQ(timed, static_cast<long>(rounds * calls));
+            EXPECT_EQ(timed, static_cast<long>(2 * rounds * calls));
             EXPECT_GE(streamed, static_cast<long>(TimedChoice::kWindow));
             EXPECT_LE(streamed, timed);
           } else {
