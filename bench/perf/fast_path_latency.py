@@ -8,6 +8,10 @@ divided by -n, the same in both programs). ReduceScatter, AllGather and AllToAll
 smallest size weft-perf keeps for them, 16 bytes x ranks (it rounds smaller ones to 0).
 
     bench/perf/fast_path_latency.py BUILD_DIR [--ranks 2,4] [--repeats 3] [--iters 20000]
+        [--collectives broadcast,reduce] [--base OTHER_BUILD_DIR]
+
+--base adds Weft as built in another tree (an earlier commit, in a git worktree) to each
+round, for a before/after comparison in one interleaved run.
 """
 import argparse
 import os
@@ -42,13 +46,22 @@ def main():
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--collectives", default=",".join(COLLECTIVES))
+    p.add_argument("--base", help="another build directory, run as the variant 'base'")
     args = p.parse_args()
+    collectives = args.collectives.split(",")
     flags = lambda n, c: ["-b", str(size_of(c, n)), "-e", str(size_of(c, n)), "-n",
                           str(args.iters), "-w", "1000", "-c", "0"]
     weftrun = os.path.join(args.build, "tools/weftrun/weftrun")
     perf = os.path.join(args.build, "bench/perf/weft-perf")
     mpi = os.path.join(args.build, "bench/peers/weft-peer-mpi")
-    variants = {
+    variants = {}
+    if args.base:
+        variants["base"] = lambda n, c: ([os.path.join(args.base, "tools/weftrun/weftrun"), "-n",
+                                          str(n), "--no-prefix",
+                                          os.path.join(args.base, "bench/perf/weft-perf"), c,
+                                          *flags(n, c)], {})
+    variants |= {
         "weft": lambda n, c: ([weftrun, "-n", str(n), "--no-prefix", perf, c, *flags(n, c)], {}),
         "weft, WEFT_FAST_PATH=0": lambda n, c: ([weftrun, "-n", str(n), "--no-prefix", perf, c, *flags(n, c)],
                                                 {"WEFT_FAST_PATH": "0"}),
@@ -62,7 +75,7 @@ def main():
     times = {}
     for rep in range(args.repeats):
         for n in [int(r) for r in args.ranks.split(",")]:
-            for c in COLLECTIVES:
+            for c in collectives:
                 loads.append(os.getloadavg()[0])
                 for name, make in variants.items():
                     command, extra = make(n, c)
@@ -74,13 +87,14 @@ def main():
           " | Weft/Open MPI |")
     print("|---|---|" + "---|" * (len(variants) + 1))
     for n in [int(r) for r in args.ranks.split(",")]:
-        for c in COLLECTIVES:
+        for c in collectives:
             cells, medians = [], []
             for v in variants:
                 t = times[(n, c, v)]
                 medians.append(statistics.median(t))
                 cells.append(f"{medians[-1]:.2f} ({min(t):.2f}-{max(t):.2f})")
-            print(f"| {n} | {c} | " + " | ".join(cells) + f" | {medians[0] / medians[-1]:.2f}x |")
+            weft = list(variants).index("weft")
+            print(f"| {n} | {c} | " + " | ".join(cells) + f" | {medians[weft] / medians[-1]:.2f}x |")
 
 
 if __name__ == "__main__":

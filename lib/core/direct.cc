@@ -25,7 +25,7 @@ constexpr size_t kLine = 64;
 // The defaults of WEFT_SHM_* are in the environment table (common/env.cc); CMA's
 // depends on the cores (kAutoCmaBytes).
 constexpr uint64_t kMinStagingBytes = 4096;
-constexpr size_t kControlBytes = 512;  // keeps the staging well aligned
+constexpr size_t kControlBytes = 1024;  // keeps the staging well aligned
 // What a ready word's cache line holds after the word (DirectState::Control::ReadyLine).
 constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
 // Announcements (mismatch detection) follow the control block: the last announced_slots()
@@ -40,10 +40,8 @@ constexpr size_t kSlotSequence = 0, kSlotCount = 1, kSlotShape = 2, kSlotHashed 
 // so that 2^40 rounds fit), whether the rank needs another round in bit 0.
 constexpr unsigned kRoundShift = 24;
 constexpr uint64_t kTagMask = (uint64_t{1} << (kRoundShift - 1)) - 1;
-// Lanes: slots in the header, after the announcements. A Broadcast or Reduce of at most
-// kLaneBytes takes one (WEFT_CHECK=off); kLanes of them let a sender run that many calls
-// minus one ahead of its slowest peer.
-constexpr uint64_t kLanes = 16;
+// Lanes: kLanes slots in the header, after the announcements. A Broadcast or Reduce of at
+// most kLaneBytes takes one.
 constexpr size_t kLaneBytes = 512;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
@@ -288,8 +286,8 @@ struct DirectState::Control {
   std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0}, offer_bytes{0};
   // The last zero-copy op in which this rank finished reading its peers' inputs.
   alignas(kLine) std::atomic<uint64_t> done{0};
-  // Per lane slot: the last lane round this rank published in it (its slot written first
-  // when it writes one).
+  // Per lane slot: the last lane round this rank published in it, its call's tag below it
+  // as in a ready word (its slot written first when it writes one).
   alignas(kLine) std::atomic<uint64_t> lane_ready[kLanes] = {};
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -707,10 +705,10 @@ inline bool DirectState::peers_ready(uint64_t round, uint64_t tag, bool* more,
 }
 
 inline bool DirectState::lane_op(const Job& job) const {
-  // Every rank decides alike: WEFT_CHECK and the offer floor are the same on all of them,
-  // and the rest is the call's.
+  // Every rank decides alike: the offer floor is the same on all of them, and the rest is
+  // the call's.
   const DirectCall& call = *job.direct;
-  return check_ == CheckMode::Off && shared() &&
+  return shared() &&
          (call.collective == algo::Collective::Broadcast ||
           call.collective == algo::Collective::Reduce) &&
          call.algorithm == algo::Algorithm::OneShot &&
@@ -721,10 +719,32 @@ inline const std::byte* DirectState::lane_slot(int q, uint64_t round) const {
   return lanes_[q] + (round % kLanes) * kLaneBytes;
 }
 
-inline bool DirectState::lane_published(int q, uint64_t round) const {
-  // Acquire: pairs with rank q's release of `round` in advance_lane, after its slot's
+inline uint64_t DirectState::lane_word(int q, uint64_t round) const {
+  // Acquire: pairs with rank q's release of its word in advance_lane, after its slot's
   // writes (its data) and after its reads of the rounds before (what it took of ours).
-  return controls_[q]->lane_ready[round % kLanes].load(std::memory_order_acquire) >= round;
+  return controls_[q]->lane_ready[round % kLanes].load(std::memory_order_acquire);
+}
+
+inline uint64_t DirectState::own_lane_word(uint64_t round) const {
+  return round << kRoundShift | lane_calls_[round % kLanes].tag << 1;
+}
+
+inline bool DirectState::ack_lane(uint64_t round) {
+  // A peer's word for the round is this round's until it runs kLanes - kLaneWindow + 1
+  // rounds further than it may: equal to this rank's once it published the round with this
+  // rank's call in it (with checks off every tag is 0).
+  const uint64_t mine = own_lane_word(round);
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_ && lane_word(q, round) != mine) return false;
+  lane_acked_ = round;
+  return true;
+}
+
+bool DirectState::ack_lanes() {
+  while (lane_acked_ < lane_round_)
+    if (!ack_lane(lane_acked_ + 1)) return false;
+  lanes_unacked_ = false;
+  return true;
 }
 
 bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun* run,
@@ -737,43 +757,83 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
   run->lane_root = broadcast ? call.root : -1;
   if (!run->published) {
     // The slot held round - kLanes: every peer must be done with it, which it is once it
-    // published round - kLanes + 1 (a rank publishes a lane round only after finishing the
-    // one before). A peer can publish no later round in that slot meanwhile: that needs
-    // this rank's round + 1.
-    if (round >= kLanes && lane_acked_ < round - kLanes + 1) {
-      for (int q = 0; q < nranks_; ++q)
-        if (q != rank_ && !lane_published(q, round - kLanes + 1)) return false;
-      lane_acked_ = round - kLanes + 1;
-    }
+    // published round - kLaneWindow + 1 (a rank publishes a lane round only after finishing
+    // the one before), the oldest round this rank may not have acked. With checks on, a tag
+    // that differs keeps this rank waiting here, where its wait's check (lane_mismatch) names
+    // the call.
+    if (round >= kLaneWindow && lane_acked_ < round - kLaneWindow + 1 &&
+        !ack_lane(round - kLaneWindow + 1))
+      return false;
     if (!broadcast || root)
       copy_bytes(const_cast<std::byte*>(lane_slot(rank_, round)), input, bytes);
+    // With checks off the tag is 0 and nothing is compared.
+    if (check_ != CheckMode::Off) {
+      lane_calls_[round % kLanes] = {job.sequence, job.ready_tag, job.shape};
+      lanes_unacked_ = true;
+    }
     note_cpu();
-    // Release: the slot's bytes before the word (a reader's acquire sees them), and this
-    // rank's reads of earlier rounds before it (a writer's acquire orders its next write
-    // to those slots after them).
-    control(rank_).lane_ready[round % kLanes].store(round, std::memory_order_release);
+    // Release: the slot's bytes (and the call's announcement) before the word, and this
+    // rank's reads of earlier rounds before it (a writer's acquire orders its next write to
+    // those slots after them).
+    control(rank_).lane_ready[round % kLanes].store(own_lane_word(round),
+                                                    std::memory_order_release);
     ring_peers();
     run->published = true;
     *progressed = true;
   }
+  // A rank that reads compares the writers' words with its own (their calls); one that only
+  // sent compares later (ack_lane), so its call completes without the check.
+  const uint64_t mine = own_lane_word(round);
+  bool same_call = true;
   if (broadcast && !root) {
     // Only the root's slot is read. Its word still holds this round: the root publishes
     // round + kLanes there only after this rank published round + 1.
-    if (!lane_published(call.root, round)) return false;
+    const uint64_t theirs = lane_word(call.root, round);
+    if ((theirs >> kRoundShift) < round) return false;
     copy_bytes(job.output, lane_slot(call.root, round), bytes);
+    same_call = theirs == mine;
   } else if (broadcast) {
     copy_bytes(job.output, input, bytes);  // in place, the root's output is its input
   } else if (root) {
-    for (int q = 0; q < nranks_; ++q)
-      if (q != rank_ && !lane_published(q, round)) return false;
-    lane_acked_ = round;
+    for (int q = 0; q < nranks_; ++q) {
+      const uint64_t theirs = lane_word(q, round);
+      if (q == rank_) continue;
+      if ((theirs >> kRoundShift) < round) return false;
+      same_call = same_call && theirs == mine;
+    }
     reduce_ranks(job.math, nranks_, job.output, call.count,
                  [&](int q) { return lane_slot(q, round); });
   }
   // Reduce's non-roots read nothing: the round ends with its publication.
   lane_round_ = round;
-  run->same_call = false;  // no peer's call seen (WEFT_CHECK=off: nothing compares)
+  run->same_call = same_call;
   return true;
+}
+
+std::string DirectState::settled_lane_mismatch() {
+  // Acquire: pairs with the release of each op's last tickets_done_ increment.
+  if (tickets_done_.load(std::memory_order_acquire) !=
+      tickets_issued_.load(std::memory_order_relaxed))
+    return "";
+  return lane_mismatch();
+}
+
+std::string DirectState::lane_mismatch() {
+  if (!lanes_unacked() || ack_lanes()) return "";
+  // lane_acked_ + 1 is the oldest round a peer's word does not show this rank's call in.
+  for (uint64_t round = lane_acked_ + 1; round <= lane_round_; ++round) {
+    const LaneCall& mine = lane_calls_[round % kLanes];
+    std::string why = mismatch(mine.sequence, mine.shape);
+    if (!why.empty()) return why;
+    for (int q = 0; q < nranks_; ++q) {
+      const uint64_t theirs = lane_word(q, round);
+      if (q != rank_ && (theirs >> kRoundShift) == round && theirs != own_lane_word(round))
+        return "mismatched collectives: rank " + std::to_string(q) +
+               " made another call where rank " + std::to_string(rank_) + " called " +
+               describe_call(mine.shape) + ", sequence " + std::to_string(mine.sequence);
+    }
+  }
+  return "";
 }
 
 inline bool DirectState::staged_unoffered(const Job& job) const {
@@ -1115,8 +1175,11 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     bool same_call = false;
     if (!peers_ready(round, tag, &more, &same_call)) return false;
     // AllToAllv's counts are not in the tag: its check at completion always runs.
-    if (run->step == 0)
+    if (run->step == 0) {
       run->same_call = same_call && job.shape.collective != algo::Collective::AllToAllv;
+      // Every peer is past this rank's lane calls: those it only sent in are compared now.
+      if (lanes_unacked() && !ack_lanes()) run->same_call = false;
+    }
     if (run->timed)
       timed_unpack(job, *run);
     else
@@ -1481,9 +1544,10 @@ std::string DirectState::describe(const DirectRun& run) const {
   } else if (run.path == DirectRun::Path::Lane) {
     const uint64_t round = lane_round_ + 1;
     if (!run.published) {
-      // (Only a round past the first kLanes - 1 waits before publishing.)
+      // (Only a round past the first kLaneWindow - 1 waits before publishing.)
+      const uint64_t acked = round >= kLaneWindow ? round - kLaneWindow + 1 : 0;
       laggards = ranks_where(nranks_, [&](int q) {
-        return q != rank_ && round >= kLanes && !lane_published(q, round - kLanes + 1);
+        return q != rank_ && (lane_word(q, acked) >> kRoundShift) < acked;
       });
       what = "direct lane round " + std::to_string(round) +
              ": the peers to take this rank's earlier calls";
@@ -1491,7 +1555,8 @@ std::string DirectState::describe(const DirectRun& run) const {
       // Waiting to read: a Broadcast's non-root reads the root, a Reduce's root every rank.
       const int root = run.lane_root;
       laggards = ranks_where(nranks_, [&](int q) {
-        return q != rank_ && (root < 0 || q == root) && !lane_published(q, round);
+        return q != rank_ && (root < 0 || q == root) &&
+               (lane_word(q, round) >> kRoundShift) < round;
       });
       what = "direct lane round " + std::to_string(round) + " with the ranks of this node";
     }

@@ -13,22 +13,27 @@
 // blocks for its peers only) is written there instead of the staging, so a
 // peer takes one cache miss for the word and the data rather than two.
 //
-// Lanes (WEFT_CHECK=off only): a Broadcast or Reduce of at most kLaneBytes
-// runs in one small slot of a ring of kLanes instead, each slot with its own
-// ready word, numbered by the communicator's lane rounds. Every rank
-// publishes each lane round (writers with their input in the slot); a rank
-// waits only for the ranks whose slot it reads (a Broadcast's non-roots for
-// the root, a Reduce's root for every rank), and a rank with nothing to read
-// (the Broadcast root, Reduce's non-roots) returns once it published. Before
-// a rank publishes lane round L (overwriting slot L % kLanes, which held
-// round L - kLanes) it checks that every peer published round L - kLanes + 1,
-// which each did only after finishing round L - kLanes. So a sender runs up
-// to kLanes - 1 calls ahead of its slowest peer, and ranks that share a core
-// take turns in batches of calls instead of once per call
-// (docs/performance.md, "Eager rooted calls"). With mismatch detection on,
-// every call still waits for every peer: a rank that returned before a peer
-// arrived could not fail a mismatched call, which WEFT_CHECK=on promises on
-// every rank.
+// Lanes: a Broadcast or Reduce of at most kLaneBytes runs in one small slot
+// of a ring of kLanes instead, each slot with its own ready word, numbered by
+// the communicator's lane rounds. Every rank publishes each lane round
+// (writers with their input in the slot); a rank waits only for the ranks
+// whose slot it reads (a Broadcast's non-roots for the root, a Reduce's root
+// for every rank), and a rank with nothing to read (the Broadcast root,
+// Reduce's non-roots) returns once it published. Before a rank publishes
+// lane round L it checks that every peer published round L - kLaneWindow + 1,
+// which each did only after finishing the rounds before. So a sender runs up
+// to kLaneWindow - 1 calls ahead of its slowest peer, and ranks that share a
+// core take turns in batches of calls instead of once per call
+// (docs/performance.md, "Eager rooted calls").
+// With mismatch detection on, a lane's ready word carries the call's tag, as
+// the staging's do: a rank that reads a slot compares the writer's call at
+// once; a rank that only sent compares every peer's word of that round later,
+// when it publishes round L + kLaneWindow - 1 or when its next staged op finds
+// every peer ready (both wait for the peers anyway), and a rank that waits
+// compares the announcements of its unchecked lane calls too. So a
+// mismatched rooted call fails at once on the ranks that read the mismatched
+// data, and on the others by their next call that waits for that peer
+// (docs/reliability.md, "Small rooted calls").
 //
 // Zero copy: when every rank's input lies in weftMemAlloc memory registered
 // with the communicator (and does not overlap what the rank writes), peers
@@ -106,6 +111,15 @@ inline constexpr uint32_t kCmaWarmup = 2;
 // one run; whole runs vary more than that. The margin: the output's lines are left in
 // memory, and a caller that reads them next pays outside the op.
 inline constexpr double kCopyStreamingMargin = 1.1;
+
+// Lanes (a small Broadcast or Reduce): a sender runs up to kLaneWindow - 1 calls ahead of its
+// slowest peer, in a ring of kLanes slots per rank. Twice the window, or nearly: then a
+// peer's word for the oldest lane round a rank has not compared still holds that round (the
+// peer's next round in its slot needs this rank's round kLanes - kLaneWindow + 1 further,
+// more than the peer may run ahead).
+inline constexpr uint64_t kLaneWindow = 32;
+inline constexpr uint64_t kLanes = 64;
+static_assert(2 * kLaneWindow <= kLanes + 2);
 
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
 // and AllToAll are ever nonzero.
@@ -258,6 +272,14 @@ class DirectState {
   // `sequence`, and both calls, or for AllToAllv the first pair of ranks whose
   // counts disagree; "" when every announcement seen agrees.
   std::string mismatch(uint64_t sequence, const CallShape& call) const;
+  // Whether some lane call of this rank's may not be known yet to match its peers' (checks on).
+  bool lanes_unacked() const { return lanes_unacked_; }
+  // Acks the lane calls whose peers' words show the same call; then a message naming the first
+  // peer whose word or announcement shows another, and both calls; "" if none does yet.
+  std::string lane_mismatch();
+  // lane_mismatch() from a thread that may not run the communicator's ops: "" unless every op
+  // launched so far has finished (their state is then this thread's to read).
+  std::string settled_lane_mismatch();
   // WEFT_CHECK=full: the hash of this rank's input for `sequence` (written when the
   // op starts, after its launch's announcement), and a peer's, once it wrote it.
   void announce_input_hash(uint64_t sequence, uint64_t hash);
@@ -304,8 +326,17 @@ class DirectState {
   bool lane_op(const Job& job) const;
   // Runs the job's lane round: publishes, then waits for the slots it reads, if any.
   bool advance_lane(const Job& job, const std::byte* input, DirectRun* run, bool* progressed);
-  // Whether rank q published lane round `round` (or a later one in its slot).
-  bool lane_published(int q, uint64_t round) const;
+  // Rank q's ready word for lane round `round`'s slot: (round << kRoundShift) | its tag << 1
+  // once it published that round, an earlier round before, a later one once it ran ahead.
+  uint64_t lane_word(int q, uint64_t round) const;
+  // This rank's word for lane round `round`, as every peer that made the same call wrote it.
+  uint64_t own_lane_word(uint64_t round) const;
+  // Whether every peer published lane round `round` (with checks on: made this rank's call
+  // in it); moves lane_acked_ on to it if so.
+  bool ack_lane(uint64_t round);
+  // Checks on: acks every lane round this rank has not acked, once its staged op found every
+  // peer ready (so past them); whether all made this rank's calls.
+  [[gnu::noinline]] bool ack_lanes();
   // Rank q's slot of lane round `round`.
   const std::byte* lane_slot(int q, uint64_t round) const;
   // Records the CPU this thread runs on for the peers (shares_cpu_with_peer).
@@ -403,9 +434,19 @@ class DirectState {
   // its parity picks the staging half).
   uint64_t round_ = 0;
   // Lane rounds of this communicator's ops so far (all ranks agree), and the newest lane
-  // round every peer was seen to publish.
+  // round up to which every peer was seen to publish each round (with checks on: with this
+  // rank's call in it).
   uint64_t lane_round_ = 0;
   uint64_t lane_acked_ = 0;
+  // Checks on: this rank's call in each lane round not acked yet, by round % kLanes.
+  struct LaneCall {
+    uint64_t sequence = 0;
+    uint64_t tag = 0;
+    CallShape shape;
+  };
+  std::array<LaneCall, kLanes> lane_calls_{};
+  // Checks on: a lane call may not be acked yet (one test for a staged op's path).
+  bool lanes_unacked_ = false;
   std::string unavailable_reason_;
   std::atomic<uint64_t> tickets_issued_{0};
   std::atomic<uint64_t> tickets_done_{0};

@@ -32,17 +32,23 @@ Status fail_job(const Job& job, weftResult_t code, const std::string& why) {
   return Status(code, why);
 }
 
-// Whether a peer may have announced another call for the job's sequence (loads only: this
-// runs on every call; AllToAllv always asks mismatch()).
+// Whether a peer may have announced another call for the job's sequence, or made another
+// call in a lane round in which this rank only sent (loads only: this runs on every call;
+// AllToAllv always asks mismatch()).
 bool maybe_mismatched(const Job& job) {
+  const DirectState& direct = *job.comm->direct();
   return job.announced_shape != 0 &&
-         !job.comm->direct()->agrees(job.sequence, job.shape.count, job.announced_shape);
+         (direct.lanes_unacked() ||
+          !direct.agrees(job.sequence, job.shape.count, job.announced_shape));
 }
 
-// Fails the job's communicator if a peer announced another call for the job's sequence.
+// Fails the job's communicator if a peer announced another call for the job's sequence, or
+// made another call than this rank's earlier ones it only sent in (DirectState, "Lanes").
 Status check_mismatch(const Job& job) {
   if (!maybe_mismatched(job)) return Status::Ok();
-  std::string why = job.comm->direct()->mismatch(job.sequence, job.shape);
+  DirectState& direct = *job.comm->direct();
+  std::string why = direct.lane_mismatch();
+  if (why.empty()) why = direct.mismatch(job.sequence, job.shape);
   return why.empty() ? Status::Ok() : fail_job(job, weftInvalidUsage, why);
 }
 
@@ -411,7 +417,12 @@ Status JobRunner::advance(bool* progressed) {
     --unfinished_jobs_;
     *progressed = true;
   }
-  if (!*progressed && unfinished_jobs_ > 0) check_mismatches();
+  if (!*progressed && unfinished_jobs_ > 0) {
+    if (Status mismatch = check_mismatches(); !mismatch.ok()) {
+      abandon();
+      return mismatch;
+    }
+  }
   if (*progressed)
     for (Communicator* comm : comms_)
       if (comm->reports_calls()) comm->note_progress();
@@ -428,10 +439,10 @@ Status JobRunner::advance(bool* progressed) {
   return Status::Ok();
 }
 
-void JobRunner::check_mismatches() {
+Status JobRunner::check_mismatches() {
   for (size_t j = 0; j < jobs_.size(); ++j)
     if (states_[j].total != 0 && states_[j].completed != states_[j].total)
-      (void)check_mismatch(jobs_[j]);  // fails the communicator, seen below
+      WEFT_RETURN_IF_ERROR(check_mismatch(jobs_[j]));
   // Without shared segments the root compares: each communicator's oldest waiting call.
   for (Communicator* comm : comms_) {
     if (!comm->reports_calls()) continue;
@@ -442,6 +453,7 @@ void JobRunner::check_mismatches() {
         oldest = std::min(oldest, jobs_[j].sequence);
     if (oldest != UINT64_MAX) comm->note_waiting(oldest);
   }
+  return Status::Ok();
 }
 
 bool JobRunner::settle_sends_to_departed() {
@@ -547,8 +559,9 @@ Status run_direct_job(Job& job) {
       loop.progressed();
       continue;
     }
-    // Waiting on the peers: the checks JobRunner::advance makes for a blocked direct job.
-    (void)check_mismatch(job);  // fails the communicator, seen below
+    // Waiting on the peers: the checks JobRunner::advance makes for a blocked direct job. A
+    // mismatch is named even where a peer's failure (it found the mismatch first) came first.
+    WEFT_RETURN_IF_ERROR(check_mismatch(job));
     WEFT_RETURN_IF_ERROR(comm.usable());
     comm.progress();
     Clock::time_point now = Clock::now();

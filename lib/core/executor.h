@@ -153,8 +153,9 @@ class JobRunner {
   bool direct_waiting() const { return direct_bell_ != nullptr; }
 
  private:
-  // Fails the communicator of any waiting collective whose peers announced another call.
-  void check_mismatches();
+  // Fails the communicator of any waiting collective whose peers announced another call, and
+  // returns that mismatch (also where a peer's failure came first).
+  Status check_mismatches();
   struct JobState {
     std::vector<uint32_t> remaining;  // unfinished dependencies per step
     std::vector<uint32_t> ready_comm, ready_compute;

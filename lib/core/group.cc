@@ -62,12 +62,23 @@ void assign_sequences(JobBatch& batch) {
   }
 }
 
+// Out of line, where a peer left: a peer may have left over a mismatch in an earlier small
+// rooted call in which this rank only sent (DirectState, "Lanes"), the cause to name where
+// it shows; else whether this job needs a peer that left.
+[[gnu::noinline]] Status check_departures(const Job& job) {
+  if (std::string why = job.comm->direct()->settled_lane_mismatch(); !why.empty()) {
+    job.comm->fail(weftInvalidUsage, why);
+    return Status(weftInvalidUsage, why);
+  }
+  return job.comm->check_departures();
+}
+
 // After numbering: fails work that needs a peer that left before it was numbered.
 inline Status check_departures(std::span<const Job> jobs) {
   // Pairs with Communicator::peer_left: either it sees these numbers, or this sees its peer.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (const Job& job : jobs)
-    if (job.comm->has_departures()) WEFT_RETURN_IF_ERROR(job.comm->check_departures());
+    if (job.comm->has_departures()) WEFT_RETURN_IF_ERROR(check_departures(job));
   return Status::Ok();
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "algorithms/schedule.h"
+#include "core/direct.h"
 #include "core/timed_choice.h"
 #include "support/direct_cases.h"
 #include "support/multirank.h"
@@ -123,17 +124,18 @@ TEST_P(StreamedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, StreamedDirectMatrix, ::testing::Values(1, 2));
 
-// WEFT_CHECK=off: Broadcasts and Reduces small enough for the lanes, whose senders run up
-// to 15 calls ahead, interleaved with calls that take the staging's rounds (larger counts,
-// AllReduce), every root in turn, in and out of place, blocking and on a stream: every
-// result exact.
-class UncheckedLanes : public NoLeftovers, public ::testing::WithParamInterface<int> {};
+// Broadcasts and Reduces small enough for the lanes, whose senders run up to kLaneWindow - 1
+// calls ahead (WEFT_CHECK on then compares every lane round's calls), interleaved with
+// calls that take the staging's rounds (larger counts, AllReduce), every root in turn, in
+// and out of place, blocking and on a stream: every result exact.
+class Lanes : public NoLeftovers,
+              public ::testing::WithParamInterface<std::tuple<int, const char*>> {};
 
-TEST_P(UncheckedLanes, RootedCallsRunAheadExactly) {
+TEST_P(Lanes, RootedCallsRunAheadExactly) {
   RunOptions options;
-  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_CHECK", "off"}};
+  options.env = {{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_CHECK", std::get<1>(GetParam())}};
   run_ranks(
-      GetParam(),
+      std::get<0>(GetParam()),
       [](const RankContext& context) {
         weftComm_t world = init_comm(context);
         weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
@@ -183,35 +185,48 @@ TEST_P(UncheckedLanes, RootedCallsRunAheadExactly) {
           }
         }
         // Queued without waiting in between: a stream's lane calls run ahead too.
-        std::vector<std::vector<int32_t>> queued(40, std::vector<int32_t>(8));
-        for (int i = 0; i < 40; ++i) {
+        // More than two windows: the senders' acks compare the peers' words (their calls).
+        const int kQueued = static_cast<int>(2 * kLaneWindow) + 8;
+        std::vector<std::vector<int32_t>> queued(kQueued, std::vector<int32_t>(8));
+        for (int i = 0; i < kQueued; ++i) {
           std::fill(queued[i].begin(), queued[i].end(), me == i % n ? i : -1);
           ASSERT_EQ(
               weftBroadcast(queued[i].data(), queued[i].data(), 8, weftInt32, i % n, comm, stream),
               weftSuccess);
         }
         ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
-        for (int i = 0; i < 40; ++i) EXPECT_EQ(queued[i], std::vector<int32_t>(8, i)) << i;
+        for (int i = 0; i < kQueued; ++i) EXPECT_EQ(queued[i], std::vector<int32_t>(8, i)) << i;
         EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
       options);
 }
-INSTANTIATE_TEST_SUITE_P(Ranks, UncheckedLanes, ::testing::Values(2, 3, 4, 5, 8));
+INSTANTIATE_TEST_SUITE_P(RanksAndCheck, Lanes,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
+                                            ::testing::Values("off", "on")),
+                         [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "_ranks_check_" +
+                                  std::get<1>(info.param);
+                         });
 
-// WEFT_CHECK=off: a rank stops taking a root's Broadcasts; the others run ahead as far as
-// their lanes allow, then fail within about a timeout, naming it.
-TEST_F(NoLeftovers, UncheckedLanesStoppedReceiverIsNamed) {
+// A rank stops taking a root's Broadcasts; the others run ahead as far as their lanes allow
+// (kLaneWindow - 1 calls, with mismatch detection on or off), then fail within about a
+// timeout, naming it.
+class StoppedLaneReceiver : public NoLeftovers,
+                            public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(StoppedLaneReceiver, IsNamedAfterTheWindow) {
+  const int window = static_cast<int>(kLaneWindow);
   int victim_pid[2];
   ASSERT_EQ(pipe(victim_pid), 0);
   RunOptions options;
-  options.env = {{"WEFT_CHECK", "off"}};
+  options.env = {{"WEFT_CHECK", GetParam()}};
   options.expected.assign(3, ExpectedEnd{});
   options.expected[2].signal = SIGKILL;
   run_ranks(
       3,
-      [&victim_pid](const RankContext& context) {
+      [&victim_pid, window](const RankContext& context) {
         const int kTimeoutMs = 2000;
         weftComm_t world = init_comm(context, kTimeoutMs);
         weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot, kTimeoutMs);
@@ -236,9 +251,9 @@ TEST_F(NoLeftovers, UncheckedLanesStoppedReceiverIsNamed) {
             << error;
         EXPECT_NE(error.find("timed out"), std::string::npos) << error;
         EXPECT_NE(error.find("rank 2 (direct lane round"), std::string::npos) << error;
-        // Rank 2 took 5 lane rounds: the others publish up to round 20 (16 lanes), so each
-        // completes at most 15 more calls.
-        EXPECT_LE(calls, 16) << error;
+        // Rank 2 took 5 lane rounds: the others publish up to round 5 + window - 1, so each
+        // completes window - 1 more calls and waits in the next.
+        EXPECT_EQ(calls, window) << error;
         if (context.rank == 0) {
           pid_t victim = 0;
           ASSERT_EQ(read(victim_pid[0], &victim, sizeof(victim)),
@@ -251,6 +266,92 @@ TEST_F(NoLeftovers, UncheckedLanesStoppedReceiverIsNamed) {
       options);
   close(victim_pid[0]);
   close(victim_pid[1]);
+}
+INSTANTIATE_TEST_SUITE_P(Check, StoppedLaneReceiver, ::testing::Values("off", "on"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+constexpr int kCheckTimeoutMs = 60000;
+
+// Lanes (a Broadcast or Reduce of at most 512 bytes): a rank that only sends returns at once
+// and compares its peers' calls later. Every rank takes a Broadcast for its own root, so none
+// reads anything; each fails its next call (which waits for every rank) naming another's.
+TEST(CheckedLanes, RanksThatOnlySentFailTheirNextCall) {
+  RunOptions checked;
+  checked.env = {{"WEFT_CHECK", "on"}};
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        weftComm_t comm = init_comm(context, kCheckTimeoutMs);
+        std::vector<int32_t> data(4, context.rank);
+        ASSERT_EQ(
+            weftBroadcast(data.data(), data.data(), 4, weftInt32, context.rank, comm, nullptr),
+            weftSuccess)
+            << weftGetLastError(comm);
+        int32_t x = 1;
+        EXPECT_EQ(weftAllReduce(&x, &x, 1, weftInt32, weftSum, comm, nullptr), weftInvalidUsage);
+        const std::string message = weftGetLastError(comm);
+        const std::string mine = "while rank " + std::to_string(context.rank) +
+                                 " called broadcast(count=4, int32, root " +
+                                 std::to_string(context.rank) + "), sequence 0";
+        EXPECT_NE(message.find("mismatched collectives: rank "), std::string::npos) << message;
+        EXPECT_NE(message.find(mine), std::string::npos) << message;
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+      },
+      checked);
+}
+
+// A root that keeps broadcasting after rank 1 took its first Broadcast with another count:
+// rank 1 fails that call; the root's first kLaneWindow - 1 calls complete (it runs that many
+// lane rounds ahead of its slowest peer), and the next, which first compares rank 1's word of
+// round 1, fails naming rank 1's call. Rank 2 (the root's count) fails by then too.
+TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
+  RunOptions checked;
+  checked.env = {{"WEFT_CHECK", "on"}};
+  // The others stay until the root is done (it would find one gone and name that instead).
+  int root_done[2];
+  ASSERT_EQ(pipe(root_done), 0);
+  run_ranks(
+      3,
+      [&root_done](const RankContext& context) {
+        weftComm_t comm = init_comm(context, kCheckTimeoutMs);
+        std::vector<int32_t> data(8, context.rank);
+        const size_t first = context.rank == 1 ? 8 : 4;
+        weftResult_t result =
+            weftBroadcast(data.data(), data.data(), first, weftInt32, 0, comm, nullptr);
+        int calls = 1;
+        if (context.rank == 1) {
+          EXPECT_EQ(result, weftInvalidUsage) << weftGetLastError(comm);
+        } else {
+          for (; result == weftSuccess && calls < 1000; ++calls)
+            result = weftBroadcast(data.data(), data.data(), 4, weftInt32, 0, comm, nullptr);
+          EXPECT_EQ(result, weftInvalidUsage) << weftGetLastError(comm);
+          const std::string message = weftGetLastError(comm);
+          EXPECT_NE(message.find("mismatched collectives: rank 1 called broadcast(count=8, int32, "
+                                 "root 0) while rank " +
+                                 std::to_string(context.rank) +
+                                 " called broadcast(count=4, int32, root 0), sequence 0"),
+                    std::string::npos)
+              << message;
+          // Rank 2 may wait for the root in its first call, and compare rank 1's then.
+          if (context.rank == 0) {
+            EXPECT_EQ(calls, static_cast<int>(kLaneWindow)) << message;
+          } else {
+            EXPECT_LE(calls, static_cast<int>(kLaneWindow)) << message;
+          }
+        }
+        if (context.rank == 0) {
+          EXPECT_EQ(write(root_done[1], "xx", 2), 2);
+        } else {
+          char byte;
+          EXPECT_EQ(read(root_done[0], &byte, 1), 1);
+        }
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+      },
+      checked);
+  close(root_done[0]);
+  close(root_done[1]);
 }
 
 // Random floats (where the reduction order changes the bits): every rank of

@@ -3,6 +3,7 @@
 // instead of returning garbage or hanging: blocking, in groups, on streams,
 // on the direct path and on message schedules.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <functional>
 #include <string>
@@ -26,6 +27,9 @@ struct Case {
   const char *usual_says, *odd_says;  // how the messages describe each call
   const char* algorithms = nullptr;   // forced, e.g. a message schedule
   bool on_stream = false;
+  // The usual ranks only send, or read a rank that made their call (a small Broadcast's
+  // lanes): their call may complete, and their next one, which waits for rank 1, fails.
+  bool usual_may_complete = false;
 };
 
 std::vector<float> floats(8192, 1.0f), float_out(3 * 8192);
@@ -66,7 +70,11 @@ class Mismatch : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Mismatch, FailsEveryRankNamingBothCalls) {
   const Case& c = GetParam();
-  run_ranks(3, [&c](const RankContext& context) {
+  // Rank 1 stays until the usual ranks made their next call (which would otherwise find it
+  // gone and name its departure).
+  int next_calls[2];
+  ASSERT_EQ(pipe(next_calls), 0);
+  run_ranks(3, [&c, &next_calls](const RankContext& context) {
     weftConfig_t config = WEFT_CONFIG_INITIALIZER;
     config.timeoutMs = kTimeoutMs;
     config.algorithms = c.algorithms;
@@ -83,6 +91,15 @@ TEST_P(Mismatch, FailsEveryRankNamingBothCalls) {
     const bool odd = context.rank == 1;
     weftResult_t result = (odd ? c.odd : c.usual)(comm, stream);
     if (result == weftSuccess && stream != nullptr) result = weftStreamSynchronize(stream);
+    if (c.usual_may_complete && !odd) {
+      if (result == weftSuccess) result = all_reduce(10)(comm, nullptr);
+      EXPECT_EQ(write(next_calls[1], "x", 1), 1);
+    }
+    if (c.usual_may_complete && odd)
+      for (int i = 0; i < 2; ++i) {
+        char byte;
+        EXPECT_EQ(read(next_calls[0], &byte, 1), 1);
+      }
     EXPECT_EQ(result, weftInvalidUsage) << c.name << ": " << weftGetLastError(comm);
     std::string message = weftGetLastError(comm);
     // The odd rank names whichever usual rank it saw first.
@@ -95,6 +112,8 @@ TEST_P(Mismatch, FailsEveryRankNamingBothCalls) {
     if (stream != nullptr) weftStreamDestroy(stream);
     EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
   });
+  close(next_calls[0]);
+  close(next_calls[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -109,7 +128,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"op", all_reduce(1000), all_reduce(1000, weftFloat32, weftMax),
              "allreduce(count=1000, float, sum)", "allreduce(count=1000, float, max)"},
         Case{"root", broadcast(0), broadcast(2), "broadcast(count=100, float, root 0)",
-             "broadcast(count=100, float, root 2)"},
+             "broadcast(count=100, float, root 2)", nullptr, false, true},
         // Same sizes over a message schedule: without the check this completes with garbage.
         Case{"datatype_ring", all_reduce(4096), all_reduce(4096, weftInt32),
              "allreduce(count=4096, float, sum)", "allreduce(count=4096, int32, sum)",
