@@ -321,6 +321,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   nranks_ = nranks;
   registry_ = registry;
   WEFT_RETURN_IF_ERROR(read_check_mode(&check_));
+  lane_window_ = std::min<uint64_t>(kLaneWindow, announced_slots(nranks) / 2);
   header_bytes_ = header_bytes(nranks);
   slot_words_ = slot_words(nranks);
   announced_mask_ = announced_slots(nranks) - 1;
@@ -708,10 +709,9 @@ inline bool DirectState::lane_op(const Job& job) const {
   // Every rank decides alike: the offer floor is the same on all of them, and the rest is
   // the call's.
   const DirectCall& call = *job.direct;
-  return shared() &&
-         (call.collective == algo::Collective::Broadcast ||
+  return (call.collective == algo::Collective::Broadcast ||
           call.collective == algo::Collective::Reduce) &&
-         call.algorithm == algo::Algorithm::OneShot &&
+         shared() && call.algorithm == algo::Algorithm::OneShot &&
          call.count * job.math.element_size <= kLaneBytes && staged_unoffered(job);
 }
 
@@ -730,7 +730,7 @@ inline uint64_t DirectState::own_lane_word(uint64_t round) const {
 }
 
 inline bool DirectState::ack_lane(uint64_t round) {
-  // A peer's word for the round is this round's until it runs kLanes - kLaneWindow + 1
+  // A peer's word for the round is this round's until it runs kLanes - lane_window_ + 1
   // rounds further than it may: equal to this rank's once it published the round with this
   // rank's call in it (with checks off every tag is 0).
   const uint64_t mine = own_lane_word(round);
@@ -744,6 +744,7 @@ bool DirectState::ack_lanes() {
   while (lane_acked_ < lane_round_)
     if (!ack_lane(lane_acked_ + 1)) return false;
   lanes_unacked_ = false;
+  lanes_passed_ = false;
   return true;
 }
 
@@ -757,12 +758,12 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
   run->lane_root = broadcast ? call.root : -1;
   if (!run->published) {
     // The slot held round - kLanes: every peer must be done with it, which it is once it
-    // published round - kLaneWindow + 1 (a rank publishes a lane round only after finishing
+    // published round - lane_window_ + 1 (a rank publishes a lane round only after finishing
     // the one before), the oldest round this rank may not have acked. With checks on, a tag
     // that differs keeps this rank waiting here, where its wait's check (lane_mismatch) names
     // the call.
-    if (round >= kLaneWindow && lane_acked_ < round - kLaneWindow + 1 &&
-        !ack_lane(round - kLaneWindow + 1))
+    if (round >= lane_window_ && lane_acked_ < round - lane_window_ + 1 &&
+        !ack_lane(round - lane_window_ + 1))
       return false;
     if (!broadcast || root)
       copy_bytes(const_cast<std::byte*>(lane_slot(rank_, round)), input, bytes);
@@ -820,18 +821,21 @@ std::string DirectState::settled_lane_mismatch() {
 
 std::string DirectState::lane_mismatch() {
   if (!lanes_unacked() || ack_lanes()) return "";
-  // lane_acked_ + 1 is the oldest round a peer's word does not show this rank's call in.
-  for (uint64_t round = lane_acked_ + 1; round <= lane_round_; ++round) {
-    const LaneCall& mine = lane_calls_[round % kLanes];
-    std::string why = mismatch(mine.sequence, mine.shape);
-    if (!why.empty()) return why;
-    for (int q = 0; q < nranks_; ++q) {
-      const uint64_t theirs = lane_word(q, round);
-      if (q != rank_ && (theirs >> kRoundShift) == round && theirs != own_lane_word(round))
-        return "mismatched collectives: rank " + std::to_string(q) +
-               " made another call where rank " + std::to_string(rank_) + " called " +
-               describe_call(mine.shape) + ", sequence " + std::to_string(mine.sequence);
-    }
+  // The oldest round a peer's word does not show this rank's call in: peers publish in order,
+  // so a peer's later rounds wait until this one is compared.
+  const uint64_t round = lane_acked_ + 1;
+  const LaneCall& mine = lane_calls_[round % kLanes];
+  std::string why = mismatch(mine.sequence, mine.shape);
+  if (!why.empty()) return why;
+  // Its announcement may be gone (calls queued on a stream run far ahead): the word says it.
+  for (int q = 0; q < nranks_; ++q) {
+    const uint64_t theirs = lane_word(q, round);
+    const bool other =
+        (theirs >> kRoundShift) == round ? theirs != own_lane_word(round) : lanes_passed_;
+    if (q != rank_ && other)
+      return "mismatched collectives: rank " + std::to_string(q) +
+             " made another call where rank " + std::to_string(rank_) + " called " +
+             describe_call(mine.shape) + ", sequence " + std::to_string(mine.sequence);
   }
   return "";
 }
@@ -1177,8 +1181,13 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     // AllToAllv's counts are not in the tag: its check at completion always runs.
     if (run->step == 0) {
       run->same_call = same_call && job.shape.collective != algo::Collective::AllToAllv;
-      // Every peer is past this rank's lane calls: those it only sent in are compared now.
-      if (lanes_unacked() && !ack_lanes()) run->same_call = false;
+      // Every peer is past this rank's lane calls: those it only sent in are compared now. One
+      // that differs keeps the op waiting, where the wait's check (check_mismatch, while this
+      // op holds the lanes' state) names it.
+      if (lanes_unacked() && !ack_lanes()) {
+        lanes_passed_ = true;
+        return false;
+      }
     }
     if (run->timed)
       timed_unpack(job, *run);
@@ -1544,8 +1553,8 @@ std::string DirectState::describe(const DirectRun& run) const {
   } else if (run.path == DirectRun::Path::Lane) {
     const uint64_t round = lane_round_ + 1;
     if (!run.published) {
-      // (Only a round past the first kLaneWindow - 1 waits before publishing.)
-      const uint64_t acked = round >= kLaneWindow ? round - kLaneWindow + 1 : 0;
+      // (Only a round past the first lane_window_ - 1 waits before publishing.)
+      const uint64_t acked = round >= lane_window_ ? round - lane_window_ + 1 : 0;
       laggards = ranks_where(nranks_, [&](int q) {
         return q != rank_ && (lane_word(q, acked) >> kRoundShift) < acked;
       });

@@ -20,19 +20,20 @@
 // whose slot it reads (a Broadcast's non-roots for the root, a Reduce's root
 // for every rank), and a rank with nothing to read (the Broadcast root,
 // Reduce's non-roots) returns once it published. Before a rank publishes
-// lane round L it checks that every peer published round L - kLaneWindow + 1,
-// which each did only after finishing the rounds before. So a sender runs up
-// to kLaneWindow - 1 calls ahead of its slowest peer, and ranks that share a
-// core take turns in batches of calls instead of once per call
-// (docs/performance.md, "Eager rooted calls").
+// lane round L it checks that every peer published round L - W + 1 (W, the
+// window: kLaneWindow, less on large communicators), which each did only
+// after finishing the rounds before. So a sender runs up to W - 1 calls ahead
+// of its slowest peer, and ranks that share a core take turns in batches of
+// calls instead of once per call (docs/performance.md, "Small Broadcast and
+// Reduce return early").
 // With mismatch detection on, a lane's ready word carries the call's tag, as
 // the staging's do: a rank that reads a slot compares the writer's call at
 // once; a rank that only sent compares every peer's word of that round later,
-// when it publishes round L + kLaneWindow - 1 or when its next staged op finds
-// every peer ready (both wait for the peers anyway), and a rank that waits
-// compares the announcements of its unchecked lane calls too. So a
-// mismatched rooted call fails at once on the ranks that read the mismatched
-// data, and on the others by their next call that waits for that peer
+// when it publishes round L + W - 1 or when its next staged op finds every
+// peer ready (both wait for the peers anyway), and the op that runs compares
+// the oldest such round's announcements while it waits. So a mismatched
+// rooted call fails at once on the ranks that read the mismatched data, and
+// on the others at the latest by their next staged call or W calls later
 // (docs/reliability.md, "Small rooted calls").
 //
 // Zero copy: when every rank's input lies in weftMemAlloc memory registered
@@ -113,10 +114,10 @@ inline constexpr uint32_t kCmaWarmup = 2;
 inline constexpr double kCopyStreamingMargin = 1.1;
 
 // Lanes (a small Broadcast or Reduce): a sender runs up to kLaneWindow - 1 calls ahead of its
-// slowest peer, in a ring of kLanes slots per rank. Twice the window, or nearly: then a
-// peer's word for the oldest lane round a rank has not compared still holds that round (the
-// peer's next round in its slot needs this rank's round kLanes - kLaneWindow + 1 further,
-// more than the peer may run ahead).
+// slowest peer (fewer on large communicators: DirectState::lane_window_), in a ring of kLanes
+// slots per rank. Twice the window, or nearly: then a peer's word for the oldest lane round
+// a rank has not compared still holds that round (the peer's next round in its slot needs
+// this rank's round kLanes - kLaneWindow + 1 further, more than the peer may run ahead).
 inline constexpr uint64_t kLaneWindow = 32;
 inline constexpr uint64_t kLanes = 64;
 static_assert(2 * kLaneWindow <= kLanes + 2);
@@ -272,13 +273,19 @@ class DirectState {
   // `sequence`, and both calls, or for AllToAllv the first pair of ranks whose
   // counts disagree; "" when every announcement seen agrees.
   std::string mismatch(uint64_t sequence, const CallShape& call) const;
-  // Whether some lane call of this rank's may not be known yet to match its peers' (checks on).
+  // Whether the op of `ticket` is the one running (the lanes' state is then its thread's).
+  bool running(uint64_t ticket) const {
+    return tickets_done_.load(std::memory_order_acquire) == ticket;
+  }
+  // Whether some lane call of this rank's may not be known yet to match its peers' (checks
+  // on). This and lane_mismatch() only for the running op, or with none running.
   bool lanes_unacked() const { return lanes_unacked_; }
-  // Acks the lane calls whose peers' words show the same call; then a message naming the first
-  // peer whose word or announcement shows another, and both calls; "" if none does yet.
+  // Acks the lane calls whose peers' words show the same call; then a message naming the peer
+  // whose word or announcement shows another call in the oldest round left, and both calls;
+  // "" if none does yet.
   std::string lane_mismatch();
   // lane_mismatch() from a thread that may not run the communicator's ops: "" unless every op
-  // launched so far has finished (their state is then this thread's to read).
+  // launched so far has finished (their state is then this thread's).
   std::string settled_lane_mismatch();
   // WEFT_CHECK=full: the hash of this rank's input for `sequence` (written when the
   // op starts, after its launch's announcement), and a peer's, once it wrote it.
@@ -445,8 +452,14 @@ class DirectState {
     CallShape shape;
   };
   std::array<LaneCall, kLanes> lane_calls_{};
-  // Checks on: a lane call may not be acked yet (one test for a staged op's path).
+  // Checks on: a lane call may not be acked yet (one test for a staged op's path); and a
+  // staged op found every peer past this rank's lane calls, yet some word not this rank's.
   bool lanes_unacked_ = false;
+  bool lanes_passed_ = false;
+  // How far a sender runs ahead, plus one: kLaneWindow, less where the announcement ring is
+  // short (half of it), so that a peer that made another call still finds this rank's
+  // announcement of it however far ahead this rank ran in the lanes.
+  uint64_t lane_window_ = kLaneWindow;
   std::string unavailable_reason_;
   std::atomic<uint64_t> tickets_issued_{0};
   std::atomic<uint64_t> tickets_done_{0};

@@ -32,23 +32,22 @@ Status fail_job(const Job& job, weftResult_t code, const std::string& why) {
   return Status(code, why);
 }
 
-// Whether a peer may have announced another call for the job's sequence, or made another
-// call in a lane round in which this rank only sent (loads only: this runs on every call;
-// AllToAllv always asks mismatch()).
+// Whether a peer may have announced another call for the job's sequence (loads only: this
+// runs on every call; AllToAllv always asks mismatch()).
 bool maybe_mismatched(const Job& job) {
-  const DirectState& direct = *job.comm->direct();
   return job.announced_shape != 0 &&
-         (direct.lanes_unacked() ||
-          !direct.agrees(job.sequence, job.shape.count, job.announced_shape));
+         !job.comm->direct()->agrees(job.sequence, job.shape.count, job.announced_shape);
 }
 
-// Fails the job's communicator if a peer announced another call for the job's sequence, or
-// made another call than this rank's earlier ones it only sent in (DirectState, "Lanes").
+// Fails the job's communicator if a peer announced another call for the job's sequence, or,
+// while the job runs as the communicator's direct op, made another call than one of this
+// rank's earlier ones that it only sent in (DirectState, "Lanes": their state is that op's).
 Status check_mismatch(const Job& job) {
-  if (!maybe_mismatched(job)) return Status::Ok();
   DirectState& direct = *job.comm->direct();
-  std::string why = direct.lane_mismatch();
-  if (why.empty()) why = direct.mismatch(job.sequence, job.shape);
+  std::string why;
+  if (job.direct != nullptr && direct.running(job.direct_ticket) && direct.lanes_unacked())
+    why = direct.lane_mismatch();
+  if (why.empty() && maybe_mismatched(job)) why = direct.mismatch(job.sequence, job.shape);
   return why.empty() ? Status::Ok() : fail_job(job, weftInvalidUsage, why);
 }
 
@@ -538,6 +537,7 @@ Status run_direct_job(Job& job) {
   Communicator& comm = *job.comm;
   DirectState& direct = *comm.direct();
   DirectRun run{direct.issue_ticket()};
+  job.direct_ticket = run.ticket;  // for check_mismatch
   announce_input(job);
   bool progressed = false;
   // A rank alone, or one whose peers arrived first, is done at the first try.

@@ -1,9 +1,9 @@
 // The direct (shared-memory) algorithms: every collective they implement at
 // several rank counts, with staging small enough that larger messages take
 // many rounds, in and out of place, checked exactly; bit-identical float
-// results; groups and streams; a killed peer; /dev/shm errors; the lanes of
-// WEFT_CHECK=off (small Broadcasts and Reduces whose senders run ahead); and
-// no segment left in /dev/shm, whatever happened.
+// results; groups and streams; a killed peer; /dev/shm errors; the lanes
+// (small Broadcasts and Reduces whose senders run ahead) and how they compare
+// calls; and no segment left in /dev/shm, whatever happened.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -54,7 +54,7 @@ class DirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<in
 // Counts 0, 1, 7, 14 (with 4-byte elements, what fits beside a ready word: one-shot ops up
 // to 56 bytes travel there, and past it on more ranks or wider types), 1000 and one past the
 // (4 KiB) staging of every dtype, in that order, so that small and staged ops alternate;
-// `check`: WEFT_CHECK (off: small Broadcasts and Reduces take the lanes); `stream_bytes`:
+// `check`: WEFT_CHECK (small Broadcasts and Reduces take the lanes either way); `stream_bytes`:
 // WEFT_SHM_STREAM_BYTES (the default never streams rounds of this small staging).
 void run_matrix(int nranks, const char* check, const char* stream_bytes = "1M") {
   RunOptions options;
@@ -196,6 +196,22 @@ TEST_P(Lanes, RootedCallsRunAheadExactly) {
         }
         ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
         for (int i = 0; i < kQueued; ++i) EXPECT_EQ(queued[i], std::vector<int32_t>(8, i)) << i;
+        // Blocking calls behind queued lane calls: the blocking one waits for the stream's
+        // ops (its checks leave their lanes alone: TSan's build runs this too).
+        for (int i = 0; i < 20; ++i) {
+          for (int k = 0; k < 4; ++k) {
+            std::fill(queued[k].begin(), queued[k].end(), me == k % n ? i + k : -1);
+            ASSERT_EQ(weftBroadcast(queued[k].data(), queued[k].data(), 8, weftInt32, k % n, comm,
+                                    stream),
+                      weftSuccess);
+          }
+          int32_t x = me + i;
+          ASSERT_EQ(weftAllReduce(&x, &x, 1, weftInt32, weftSum, comm, nullptr), weftSuccess)
+              << weftGetLastError(comm);
+          ASSERT_EQ(x, n * (n - 1) / 2 + n * i);
+          ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+          for (int k = 0; k < 4; ++k) EXPECT_EQ(queued[k], std::vector<int32_t>(8, i + k)) << i;
+        }
         EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
@@ -352,6 +368,46 @@ TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
       checked);
   close(root_done[0]);
   close(root_done[1]);
+}
+
+// The peer that made another call fails and leaves before the rank that only sent calls
+// again: that call, which finds it gone, still names the mismatch (the launch compares the
+// lanes before naming a departure, or the wait does).
+TEST(CheckedLanes, ASenderNamesTheMismatchAfterThePeerLeft) {
+  RunOptions checked;
+  checked.env = {{"WEFT_CHECK", "on"}};
+  int left[2];
+  ASSERT_EQ(pipe(left), 0);
+  run_ranks(
+      2,
+      [&left](const RankContext& context) {
+        weftComm_t comm = init_comm(context, kCheckTimeoutMs);
+        std::vector<int32_t> data(8, context.rank);
+        const size_t count = context.rank == 1 ? 8 : 4;
+        weftResult_t result =
+            weftBroadcast(data.data(), data.data(), count, weftInt32, 0, comm, nullptr);
+        if (context.rank == 1) {
+          EXPECT_EQ(result, weftInvalidUsage) << weftGetLastError(comm);
+          EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+          EXPECT_EQ(write(left[1], "x", 1), 1);
+          return;
+        }
+        EXPECT_EQ(result, weftSuccess) << weftGetLastError(comm);
+        char byte;
+        EXPECT_EQ(read(left[0], &byte, 1), 1);
+        int32_t x = 1;
+        EXPECT_EQ(weftAllReduce(&x, &x, 1, weftInt32, weftSum, comm, nullptr), weftInvalidUsage);
+        const std::string message = weftGetLastError(comm);
+        EXPECT_NE(message.find("mismatched collectives: rank 1 called broadcast(count=8, int32, "
+                               "root 0) while rank 0 called broadcast(count=4, int32, root 0), "
+                               "sequence 0"),
+                  std::string::npos)
+            << message;
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+      },
+      checked);
+  close(left[0]);
+  close(left[1]);
 }
 
 // Random floats (where the reduction order changes the bits): every rank of
