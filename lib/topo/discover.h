@@ -27,6 +27,11 @@ Status process_binding(std::vector<int>* pus);
 // The PU count a synthetic description asks for (the product of its level
 // counts); refuses absurd sizes before hwloc allocates them.
 Status synthetic_pu_count(std::string_view description, uint64_t* out);
-inline constexpr uint64_t kMaxSyntheticPus = uint64_t{1} << 16;
+// hwloc builds a synthetic level in time that grows faster than its width squared
+// (hwloc-calc --input "package:N pu:1": 0.2 s at N = 2048, 1.3 s at 4096, 12 s at 8192,
+// 146 s at 16384; "package:16 core:1024 pu:4" 43 s), so a cluster file could stall a job's
+// start for minutes (the cluster-file fuzzer found "X:46666 pu:1"). 4096 PUs per machine
+// cover the largest shared-memory nodes in use; every level is at most that wide.
+inline constexpr uint64_t kMaxSyntheticPus = uint64_t{1} << 12;
 
 }  // namespace weft::topo

@@ -90,6 +90,14 @@ TEST(SyntheticPuCount, MultipliesLevelCounts) {
   EXPECT_EQ(pus, 16u);
   ASSERT_TRUE(synthetic_pu_count("3 5", &pus).ok());
   EXPECT_EQ(pus, 15u);
+  // Up to kMaxSyntheticPus: hwloc takes seconds, then minutes, beyond it.
+  ASSERT_TRUE(synthetic_pu_count("package:4096 pu:1", &pus).ok());
+  EXPECT_EQ(pus, kMaxSyntheticPus);
+  for (const char* wide : {"package:4097 pu:1", "package:16 core:1024 pu:4", "x:46666 pu:1"}) {
+    Status status = synthetic_pu_count(wide, &pus);
+    EXPECT_FALSE(status.ok()) << wide;
+    EXPECT_NE(status.message().find("more than 4096 PUs"), std::string::npos) << status.message();
+  }
 }
 
 TEST(Xml, FindsGpusNicsDistancesAndNvlink) {
