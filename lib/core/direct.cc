@@ -768,10 +768,8 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
     if (!broadcast || root)
       copy_bytes(const_cast<std::byte*>(lane_slot(rank_, round)), input, bytes);
     // With checks off the tag is 0 and nothing is compared.
-    if (check_ != CheckMode::Off) {
+    if (check_ != CheckMode::Off)
       lane_calls_[round % kLanes] = {job.sequence, job.ready_tag, job.shape};
-      lanes_unacked_ = true;
-    }
     note_cpu();
     // Release: the slot's bytes (and the call's announcement) before the word, and this
     // rank's reads of earlier rounds before it (a writer's acquire orders its next write to
@@ -805,8 +803,10 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
     reduce_ranks(job.math, nranks_, job.output, call.count,
                  [&](int q) { return lane_slot(q, round); });
   }
-  // Reduce's non-roots read nothing: the round ends with its publication.
+  // Reduce's non-roots read nothing: the round ends with its publication. Only now is it
+  // this rank's to ack (a wait's check before this would find lane_round_ all acked).
   lane_round_ = round;
+  lanes_unacked_ = check_ != CheckMode::Off;
   run->same_call = same_call;
   return true;
 }

@@ -290,12 +290,23 @@ INSTANTIATE_TEST_SUITE_P(Check, StoppedLaneReceiver, ::testing::Values("off", "o
 
 constexpr int kCheckTimeoutMs = 60000;
 
+RunOptions checked_options() {
+  RunOptions options;
+  options.env = {{"WEFT_CHECK", "on"}};
+  return options;
+}
+
+// A lane Broadcast from root 0 in which rank 1 asks for 8 elements where the others ask for 4.
+weftResult_t broadcast_rank_1_differs(const RankContext& context, weftComm_t comm,
+                                      std::vector<int32_t>* data) {
+  const size_t count = context.rank == 1 ? 8 : 4;
+  return weftBroadcast(data->data(), data->data(), count, weftInt32, 0, comm, nullptr);
+}
+
 // Lanes (a Broadcast or Reduce of at most 512 bytes): a rank that only sends returns at once
 // and compares its peers' calls later. Every rank takes a Broadcast for its own root, so none
 // reads anything; each fails its next call (which waits for every rank) naming another's.
 TEST(CheckedLanes, RanksThatOnlySentFailTheirNextCall) {
-  RunOptions checked;
-  checked.env = {{"WEFT_CHECK", "on"}};
   run_ranks(
       3,
       [](const RankContext& context) {
@@ -315,7 +326,7 @@ TEST(CheckedLanes, RanksThatOnlySentFailTheirNextCall) {
         EXPECT_NE(message.find(mine), std::string::npos) << message;
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
       },
-      checked);
+      checked_options());
 }
 
 // A root that keeps broadcasting after rank 1 took its first Broadcast with another count:
@@ -323,8 +334,6 @@ TEST(CheckedLanes, RanksThatOnlySentFailTheirNextCall) {
 // lane rounds ahead of its slowest peer), and the next, which first compares rank 1's word of
 // round 1, fails naming rank 1's call. Rank 2 (the root's count) fails by then too.
 TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
-  RunOptions checked;
-  checked.env = {{"WEFT_CHECK", "on"}};
   // The others stay until the root is done (it would find one gone and name that instead).
   int root_done[2];
   ASSERT_EQ(pipe(root_done), 0);
@@ -333,9 +342,7 @@ TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
       [&root_done](const RankContext& context) {
         weftComm_t comm = init_comm(context, kCheckTimeoutMs);
         std::vector<int32_t> data(8, context.rank);
-        const size_t first = context.rank == 1 ? 8 : 4;
-        weftResult_t result =
-            weftBroadcast(data.data(), data.data(), first, weftInt32, 0, comm, nullptr);
+        weftResult_t result = broadcast_rank_1_differs(context, comm, &data);
         int calls = 1;
         if (context.rank == 1) {
           EXPECT_EQ(result, weftInvalidUsage) << weftGetLastError(comm);
@@ -365,7 +372,7 @@ TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
         }
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
       },
-      checked);
+      checked_options());
   close(root_done[0]);
   close(root_done[1]);
 }
@@ -374,8 +381,6 @@ TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
 // again: that call, which finds it gone, still names the mismatch (the launch compares the
 // lanes before naming a departure, or the wait does).
 TEST(CheckedLanes, ASenderNamesTheMismatchAfterThePeerLeft) {
-  RunOptions checked;
-  checked.env = {{"WEFT_CHECK", "on"}};
   int left[2];
   ASSERT_EQ(pipe(left), 0);
   run_ranks(
@@ -383,9 +388,7 @@ TEST(CheckedLanes, ASenderNamesTheMismatchAfterThePeerLeft) {
       [&left](const RankContext& context) {
         weftComm_t comm = init_comm(context, kCheckTimeoutMs);
         std::vector<int32_t> data(8, context.rank);
-        const size_t count = context.rank == 1 ? 8 : 4;
-        weftResult_t result =
-            weftBroadcast(data.data(), data.data(), count, weftInt32, 0, comm, nullptr);
+        weftResult_t result = broadcast_rank_1_differs(context, comm, &data);
         if (context.rank == 1) {
           EXPECT_EQ(result, weftInvalidUsage) << weftGetLastError(comm);
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
@@ -405,7 +408,7 @@ TEST(CheckedLanes, ASenderNamesTheMismatchAfterThePeerLeft) {
             << message;
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
       },
-      checked);
+      checked_options());
   close(left[0]);
   close(left[1]);
 }
