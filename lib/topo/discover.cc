@@ -255,7 +255,9 @@ Status synthetic_pu_count(std::string_view description, uint64_t* out) {
            description[end] != '[')
       ++end;
     std::string_view level = description.substr(i, end - i);
-    size_t colon = level.rfind(':');
+    // A count runs from the first ':' to the level's end: hwloc would read "a:466660pu:1" as
+    // a level of 466660 and another of 1.
+    size_t colon = level.find(':');
     std::string_view digits = colon == std::string_view::npos ? level : level.substr(colon + 1);
     uint64_t count = 0;
     for (char d : digits) {

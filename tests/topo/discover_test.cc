@@ -98,6 +98,11 @@ TEST(SyntheticPuCount, MultipliesLevelCounts) {
     EXPECT_FALSE(status.ok()) << wide;
     EXPECT_NE(status.message().find("more than 4096 PUs"), std::string::npos) << status.message();
   }
+  // A level without the space before the next: hwloc reads a count there, so it is refused.
+  EXPECT_FALSE(synthetic_pu_count("x:466660pu:1", &pus).ok());
+  Status joined = synthetic_pu_count("x:4pu:1", &pus);
+  EXPECT_FALSE(joined.ok());
+  EXPECT_NE(joined.message().find("has no count"), std::string::npos) << joined.message();
 }
 
 TEST(Xml, FindsGpusNicsDistancesAndNvlink) {
