@@ -51,6 +51,21 @@ double single_copy_time(const Params& params, uint64_t element_size, const CostN
   return 2 * network.direct.latency_us + slowest;
 }
 
+// A lane call (CostNetwork::lane_bytes): the writers' copies into their slots, then a
+// Broadcast's readers read the root's slot, a Reduce's root every other rank's.
+bool in_lanes(const Params& params, uint64_t element_size, const CostNetwork& network) {
+  return (params.collective == Collective::Broadcast || params.collective == Collective::Reduce) &&
+         params.algorithm == Algorithm::OneShot &&
+         params.count * element_size <= network.lane_bytes;
+}
+
+double lane_time(const Params& params, uint64_t element_size, const CostNetwork& network) {
+  const double piece = static_cast<double>(params.count * element_size);
+  const int read = params.collective == Collective::Broadcast ? 1 : params.nranks - 1;
+  return network.lane_us + network.memory.transfer_us(piece) +
+         read * network.direct.transfer_us(piece);
+}
+
 // Direct algorithms: every rank copies its input into a staging buffer the
 // node shares, the ranks synchronise (one latency), then each reads what it
 // needs from the peers' staging buffers (reductions fused with the reads).
@@ -59,6 +74,7 @@ double single_copy_time(const Params& params, uint64_t element_size, const CostN
 // The copy into the rank's own staging is a local copy (memory's throughput);
 // the reads move lines another core has just written (the direct throughput).
 double direct_time(const Params& params, uint64_t element_size, const CostNetwork& network) {
+  if (in_lanes(params, element_size, network)) return lane_time(params, element_size, network);
   if (reads_in_place(params, element_size, network))
     return single_copy_time(params, element_size, network);
   const int n = params.nranks;

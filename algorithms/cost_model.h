@@ -47,6 +47,12 @@ struct CostNetwork {
   // readers tell the owner they are done), each peer's block one read.
   LinkTime single_copy{1.0, 12};
   std::array<uint64_t, kNumCollectives> single_copy_bytes{};
+  // Direct one-shot Broadcast and Reduce of at most lane_bytes (0: none) run in the lanes:
+  // the ranks that only send run calls ahead of their peers, so a stream of them waits for
+  // no synchronisation. Each costs lane_us (a rank's own part of the call, with its share of
+  // the switches between time-sliced ranks) plus its copies.
+  uint64_t lane_bytes = 0;
+  double lane_us = 0;
   // Throughput of reading a staging no rank writes while it is read (a Broadcast's root's:
   // in the exchanges every rank's lines are read while it reads its peers'); 0: memory's.
   double quiet_read_gb_s = 0;

@@ -15,8 +15,8 @@
   calibrate.py table BUILD [--tuner-file FILE] [--ranks 1,2,4,8] [--repeats R]
       prints measured/predicted (weft-perf's own "predicted" figure) for
       AllReduce, AllGather, ReduceScatter, Broadcast and AllToAll at every
-      size weft-perf prints (8 B to 16 MiB, x8; 100 calls each up to 256 KiB,
-      10 above) and rank count.
+      size weft-perf prints (8 B to 16 MiB, x8; 1000 calls each up to 4 KiB,
+      100 up to 256 KiB, 10 above) and rank count.
 
 measure takes the fastest of R runs for each figure and, with K rounds of
 the whole measurement, writes each figure's median over the rounds (a host
@@ -233,8 +233,12 @@ def table(args):
         for coll in COLLECTIVES:
             # Small calls 100 times each: 10 calls of ranks time-sharing the cores mostly time
             # the ranks' first meeting (8 ranks on 2 cores, AllToAll 512 B: 47-54 us per call
-            # over 10 calls, 10-19 over 100).
-            runs = [{**perf(args.build, n, coll, 8, 256 << 10, 8, env, iters=100),
+            # over 10 calls, 10-19 over 100). Up to 4 KiB 1000 times: 100 calls of 0.1-1 us are
+            # one time slice or less, and a Broadcast's root runs 31 calls ahead of its
+            # readers (4 ranks on 2 cores, 8 B: 0.5-0.8 us per call over 100 calls, 0.3 over
+            # 20000).
+            runs = [{**perf(args.build, n, coll, 8, 4 << 10, 8, env, iters=1000),
+                     **perf(args.build, n, coll, 32 << 10, 256 << 10, 8, env, iters=100),
                      **perf(args.build, n, coll, 2 << 20, 16 << 20, 8, env)}
                     for _ in range(args.repeats)]
             for size in runs[0]:

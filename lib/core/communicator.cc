@@ -201,6 +201,8 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   TuneContext context =
       tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_, machine);
   context.single_copy_bytes = comm->direct_->cma_floors();
+  context.lane_bytes = comm->direct_->lane_bytes();
+  context.lane_window = static_cast<double>(comm->direct_->lane_window());
   comm->tuner_ = std::make_unique<Tuner>(std::move(context));
   WEFT_LOG(INFO, INIT,
            "communicator%s%s: rank %d of %d ready (timeout %lld ms); setup phases: transport "

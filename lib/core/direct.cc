@@ -42,7 +42,6 @@ constexpr unsigned kRoundShift = 24;
 constexpr uint64_t kTagMask = (uint64_t{1} << (kRoundShift - 1)) - 1;
 // Lanes: kLanes slots in the header, after the announcements. A Broadcast or Reduce of at
 // most kLaneBytes takes one.
-constexpr size_t kLaneBytes = 512;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -80,6 +79,14 @@ size_t lanes_offset(int nranks) {
 size_t header_bytes(int nranks) {
   return round_up(lanes_offset(nranks) + kLanes * kLaneBytes, kControlBytes);
 }
+
+}  // namespace
+
+uint64_t DirectState::lane_window_for(int nranks) {
+  return std::min<uint64_t>(kLaneWindow, announced_slots(nranks) / 2);
+}
+
+namespace {
 
 // WEFT_CHECK, or on when unset; a value that does not parse fails init.
 Status read_check_mode(CheckMode* mode) {
@@ -321,7 +328,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   nranks_ = nranks;
   registry_ = registry;
   WEFT_RETURN_IF_ERROR(read_check_mode(&check_));
-  lane_window_ = std::min<uint64_t>(kLaneWindow, announced_slots(nranks) / 2);
+  lane_window_ = lane_window_for(nranks);
   header_bytes_ = header_bytes(nranks);
   slot_words_ = slot_words(nranks);
   announced_mask_ = announced_slots(nranks) - 1;

@@ -119,6 +119,7 @@ inline constexpr double kCopyStreamingMargin = 1.1;
 // a rank has not compared still holds that round (the peer's next round in its slot needs
 // this rank's round kLanes - kLaneWindow + 1 further, more than the peer may run ahead).
 inline constexpr uint64_t kLaneWindow = 32;
+inline constexpr uint64_t kLaneBytes = 512;  // a lane slot's data
 inline constexpr uint64_t kLanes = 64;
 static_assert(2 * kLaneWindow <= kLanes + 2);
 
@@ -244,6 +245,12 @@ class DirectState {
   // Per collective, the smallest block that every rank offers by CMA (unregistered input,
   // out of place for AllToAll); 0: none.
   const CmaThresholds& cma_floors() const { return cma_floors_; }
+  // Broadcasts and Reduces of at most this many bytes run in the lanes (0: none), their
+  // senders at most lane_window() - 1 calls ahead of their peers.
+  uint64_t lane_bytes() const { return shared() ? kLaneBytes : 0; }
+  uint64_t lane_window() const { return lane_window_; }
+  // The window of a communicator of `nranks` ranks on one node.
+  static uint64_t lane_window_for(int nranks);
 
   // Called when a job is launched: its place in the communicator's order.
   uint64_t issue_ticket() { return tickets_issued_++; }

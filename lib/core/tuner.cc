@@ -13,6 +13,7 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "core/direct.h"
 #include "topo/cluster_view.h"
 #include "topo/shapes.h"
 
@@ -230,6 +231,10 @@ TuneContext tune_context(const topo::Cluster& cluster, bool shared_memory,
   for (int rank = 0; rank < n; ++rank) context.layout.node_of.push_back(view.node_of(rank));
   context.layout.ring = topo::ring_order(view);
   context.links = cluster.links;
+  if (shared_memory) {
+    context.lane_bytes = kLaneBytes;
+    context.lane_window = static_cast<double>(DirectState::lane_window_for(n));
+  }
   context.pair_class.resize(static_cast<size_t>(n) * n);
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b)
@@ -266,6 +271,12 @@ Tuner::Tuner(TuneContext context) : context_(std::move(context)) {
   network_.single_copy.bandwidth_gb_s = Calibration::sliced_single_copy_bandwidth(
       context_.single_copy.bandwidth_gb_s, share, context_.sliced_single_copy_bandwidth_gb_s);
   network_.single_copy_bytes = context_.single_copy_bytes;
+  // A lane call is a rank's own work, a synchronisation's worth on its share of the core;
+  // a rank waits for the others' slices once per window of calls instead of once per call.
+  network_.lane_bytes = context_.lane_bytes;
+  network_.lane_us =
+      share * (context_.direct.latency_us +
+               (share - 1) * context_.direct_slice_latency_us / context_.lane_window);
   network_.max_steps = context_.max_model_steps;
 }
 

@@ -58,6 +58,10 @@ struct TuneContext {
   // single_copy_bytes (0: none; the communicator's DirectState::cma_floors).
   algo::LinkTime single_copy;
   std::array<uint64_t, algo::kNumCollectives> single_copy_bytes{};
+  // Broadcasts and Reduces of at most lane_bytes run in the lanes (0: none), their senders
+  // at most lane_window - 1 calls ahead (DirectState::lane_bytes, lane_window).
+  uint64_t lane_bytes = 0;
+  double lane_window = 1;
   double call_us = 0;  // added to every scheduled prediction
   // Ranks per core on the busiest node when they outnumber its cores (1:
   // not oversubscribed) and the slice latencies (Calibration::sliced).

@@ -146,6 +146,28 @@ TEST(CostModel, DirectAlgorithmsHaveClosedForms) {
               staging + shm.latency_us + memory.transfer_us(bytes), 1e-6);
 }
 
+TEST(CostModel, LaneCallsWaitForNoSynchronisation) {
+  const int n = 4;
+  const LinkTime memory{0.1, 16};
+  CostNetwork network = CostNetwork::uniform(n, {100, 1}, memory);  // links unused
+  network.direct = {0.5, 8};
+  const CostNetwork staged = network;
+  network.lane_bytes = 256;
+  network.lane_us = 0.25;
+  // Up to lane_bytes: lane_us, the writer's copy into its slot, then a Broadcast's readers
+  // read the root's slot, a Reduce's root the n - 1 others.
+  EXPECT_NEAR(predicted(Collective::Broadcast, Algorithm::OneShot, n, 64, network),
+              0.25 + memory.transfer_us(256) + network.direct.transfer_us(256), 1e-9);
+  EXPECT_NEAR(predicted(Collective::Reduce, Algorithm::OneShot, n, 64, network),
+              0.25 + memory.transfer_us(256) + (n - 1) * network.direct.transfer_us(256), 1e-9);
+  // Beyond them, and for the other collectives, the staged form as before.
+  for (const auto& [collective, count] :
+       {std::pair{Collective::Broadcast, 65}, {Collective::Reduce, 65}, {Collective::AllReduce, 2}})
+    EXPECT_EQ(predicted(collective, Algorithm::OneShot, n, count, network),
+              predicted(collective, Algorithm::OneShot, n, count, staged))
+        << collective_name(collective);
+}
+
 TEST(CostModel, RefusesWhatItCannotTime) {
   Params params;
   params.nranks = 16;

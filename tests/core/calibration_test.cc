@@ -49,9 +49,10 @@ class TunerFile {
 // The prediction on `nranks` ranks of one node with WEFT_TUNER_FILE = `text`,
 // after turning off the defaults' optional costs (call, cache tier, slicing),
 // so that each test sees only the figures it sets.
+// Lane calls, where lane_bytes is set, as the direct path's: up to 512 bytes, a window of 32.
 double predict_with(const std::string& text, int nranks, Algorithm algorithm, uint64_t bytes,
                     bool shared_memory = false, Collective collective = Collective::AllReduce,
-                    uint64_t single_copy_bytes = 0) {
+                    uint64_t single_copy_bytes = 0, uint64_t lane_bytes = 0) {
   TunerFile file(
       "call_us 0\ncache_bytes 0\nslice_latency_us 0\ndirect_slice_latency_us 0\n"
       "sliced_link_bandwidth_gb_s 0\nsliced_single_copy_bandwidth_gb_s 0\n" +
@@ -62,6 +63,8 @@ double predict_with(const std::string& text, int nranks, Algorithm algorithm, ui
   TuneContext context =
       tune_context(one_node(nranks), shared_memory, AlgorithmOverrides(), machine);
   context.single_copy_bytes[static_cast<size_t>(collective)] = single_copy_bytes;
+  context.lane_bytes = lane_bytes;
+  context.lane_window = 32;
   const Tuner tuner(std::move(context));
   return tuner.predict_us(collective, algorithm, 0, bytes);
 }
@@ -225,6 +228,26 @@ TEST(Calibration, OversubscribedSingleCopyReadsFollowTheirMeasuredThroughput) {
               1e-9);
   EXPECT_EQ(Calibration::sliced_single_copy_bandwidth(10, 1, 2), 10);
   EXPECT_EQ(Calibration::sliced_single_copy_bandwidth(10, 4, 0), 2.5);
+}
+
+TEST(Calibration, LaneCallsTakeTheDirectLatencyOnTheirShareOfTheCore) {
+  const auto predict = [&](const std::string& text, int nranks, Collective collective,
+                           uint64_t bytes) {
+    return predict_with(text, nranks, Algorithm::OneShot, bytes, true, collective, 0, 512);
+  };
+  // A core per rank: one direct latency, the copy into the slot and the reads, no wait.
+  EXPECT_NEAR(predict(kBase, 4, Collective::Reduce, 512), 0.15 + 512 / 12e3 + 3 * 512 / 25e3, 1e-9);
+  EXPECT_NEAR(predict(kBase, 4, Collective::Broadcast, 64), 0.15 + 64 / 12e3 + 64 / 25e3, 1e-9);
+  // Larger calls are staged: the lanes change nothing there.
+  EXPECT_EQ(predict(kBase, 4, Collective::Broadcast, 513),
+            predict_with(kBase, 4, Algorithm::OneShot, 513, true, Collective::Broadcast));
+  EXPECT_EQ(predict(kBase, 4, Collective::AllReduce, 8),
+            predict_with(kBase, 4, Algorithm::OneShot, 8, true));
+  // 8 ranks on 2 cores (s = 4): the latency on a quarter of a core, a slice wait per
+  // window of 32 calls, throughputs / 4.
+  const std::string sliced = kBase + "cores 2\ndirect_slice_latency_us 4\n";
+  EXPECT_NEAR(predict(sliced, 8, Collective::Broadcast, 64),
+              4 * (0.15 + 3 * 4.0 / 32) + 64 / 3e3 + 64 / 6.25e3, 1e-9);
 }
 
 TEST(Calibration, OversubscribedRanksTimeShareTheCores) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/direct.h"
 #include "topo/cluster_file.h"
 
 namespace weft {
@@ -62,6 +63,23 @@ TEST(TuneContext, ClusterFileGivesRailsAndCosts) {
   EXPECT_GT(Tuner(context).predict_us(Collective::AllReduce, Algorithm::Ring, 0, 1 << 24),
             Tuner(tune_context(faster, false))
                 .predict_us(Collective::AllReduce, Algorithm::Ring, 0, 1 << 24));
+}
+
+TEST(TuneContext, ClusterFileNodesWithSharedMemoryRunSmallRootedCallsInLanes) {
+  topo::Cluster node;
+  ASSERT_TRUE(topo::parse_cluster(R"({"weft_topology": 1,
+      "nodes": [{"name": "h", "count": 1, "ranks": 4}]})",
+                                  "", &node)
+                  .ok());
+  const TuneContext shared = tune_context(node, true);
+  EXPECT_EQ(shared.lane_bytes, kLaneBytes);
+  EXPECT_EQ(shared.lane_window, static_cast<double>(DirectState::lane_window_for(4)));
+  const Tuner lanes(shared);
+  // A Broadcast in the lanes waits for no synchronisation: less than one just beyond them.
+  EXPECT_LT(lanes.predict_us(Collective::Broadcast, Algorithm::OneShot, 0, kLaneBytes) +
+                shared.direct.latency_us,
+            lanes.predict_us(Collective::Broadcast, Algorithm::OneShot, 0, kLaneBytes + 1));
+  EXPECT_EQ(tune_context(node, false).lane_bytes, 0u);
 }
 
 // The plan is the model's fastest candidate; returns that candidate.
