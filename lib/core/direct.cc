@@ -42,6 +42,8 @@ constexpr unsigned kRoundShift = 24;
 constexpr uint64_t kTagMask = (uint64_t{1} << (kRoundShift - 1)) - 1;
 // Lanes: kLanes slots in the header, after the announcements. A Broadcast or Reduce of at
 // most kLaneBytes takes one.
+// A lane slot: its ready word, then its data (DirectState::LaneSlot), whole cache lines.
+constexpr size_t kLaneSlotBytes = (sizeof(uint64_t) + kLaneBytes + kLine - 1) / kLine * kLine;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
@@ -77,7 +79,7 @@ size_t lanes_offset(int nranks) {
 // What precedes the staging in each rank's segment: the control block, the announcements
 // and the lane slots.
 size_t header_bytes(int nranks) {
-  return round_up(lanes_offset(nranks) + kLanes * kLaneBytes, kControlBytes);
+  return round_up(lanes_offset(nranks) + kLanes * kLaneSlotBytes, kControlBytes);
 }
 
 }  // namespace
@@ -294,11 +296,21 @@ struct DirectState::Control {
   // The last zero-copy op in which this rank finished reading its peers' inputs.
   alignas(kLine) std::atomic<uint64_t> done{0};
   // Per lane slot: the last lane round this rank published in it, its call's tag below it
-  // as in a ready word (its slot written first when it writes one).
+  // as in a ready word (after the slot's own word when it writes one). What a sender acks:
+  // eight rounds to a line, a sender's look at them moves a line every eight calls.
   alignas(kLine) std::atomic<uint64_t> lane_ready[kLanes] = {};
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(DirectState::Control) <= kControlBytes);
+
+// A lane slot's own word leads its data on one cache line, for the rank that reads it: a
+// small call then moves one line to it, not two.
+struct alignas(kLine) DirectState::LaneSlot {
+  // lane_ready's word for the last round whose data this rank wrote here (the data first).
+  std::atomic<uint64_t> word{0};
+  std::byte data[kLaneBytes];
+};
+static_assert(sizeof(DirectState::LaneSlot) == kLaneSlotBytes);
 
 struct DirectState::Offer {
   enum Kind : uint32_t {
@@ -474,7 +486,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     announcements_.push_back(
         reinterpret_cast<std::atomic<uint64_t>*>(segment.data() + kControlBytes));
     stagings_.push_back(segment.data() + header_bytes_);
-    lanes_.push_back(segment.data() + lanes_offset(nranks));
+    lanes_.push_back(reinterpret_cast<LaneSlot*>(segment.data() + lanes_offset(nranks)));
   }
   half_bytes_ = staging_bytes_ / 2;
   bell_.store(&controls_[rank]->bell, std::memory_order_release);
@@ -722,14 +734,19 @@ inline bool DirectState::lane_op(const Job& job) const {
          call.count * job.math.element_size <= kLaneBytes && staged_unoffered(job);
 }
 
-inline const std::byte* DirectState::lane_slot(int q, uint64_t round) const {
-  return lanes_[q] + (round % kLanes) * kLaneBytes;
+inline DirectState::LaneSlot& DirectState::lane_slot(int q, uint64_t round) const {
+  return lanes_[q][round % kLanes];
 }
 
 inline uint64_t DirectState::lane_word(int q, uint64_t round) const {
   // Acquire: pairs with rank q's release of its word in advance_lane, after its slot's
   // writes (its data) and after its reads of the rounds before (what it took of ours).
   return controls_[q]->lane_ready[round % kLanes].load(std::memory_order_acquire);
+}
+
+inline uint64_t DirectState::lane_data_word(int q, uint64_t round) const {
+  // Acquire: pairs with rank q's release of it, after its data.
+  return lane_slot(q, round).word.load(std::memory_order_acquire);
 }
 
 inline uint64_t DirectState::own_lane_word(uint64_t round) const {
@@ -772,15 +789,18 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
     if (round >= lane_window_ && lane_acked_ < round - lane_window_ + 1 &&
         !ack_lane(round - lane_window_ + 1))
       return false;
-    if (!broadcast || root)
-      copy_bytes(const_cast<std::byte*>(lane_slot(rank_, round)), input, bytes);
     // With checks off the tag is 0 and nothing is compared.
     if (check_ != CheckMode::Off)
       lane_calls_[round % kLanes] = {job.sequence, job.ready_tag, job.shape};
     note_cpu();
-    // Release: the slot's bytes (and the call's announcement) before the word, and this
-    // rank's reads of earlier rounds before it (a writer's acquire orders its next write to
-    // those slots after them).
+    // Release, both: the slot's bytes (and the call's announcement) before the words, and
+    // this rank's reads of earlier rounds before lane_ready's (a writer's acquire orders its
+    // next write to those slots after them).
+    if (!broadcast || root) {
+      LaneSlot& slot = lane_slot(rank_, round);
+      copy_bytes(slot.data, input, bytes);
+      slot.word.store(own_lane_word(round), std::memory_order_release);
+    }
     control(rank_).lane_ready[round % kLanes].store(own_lane_word(round),
                                                     std::memory_order_release);
     ring_peers();
@@ -794,21 +814,21 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
   if (broadcast && !root) {
     // Only the root's slot is read. Its word still holds this round: the root publishes
     // round + kLanes there only after this rank published round + 1.
-    const uint64_t theirs = lane_word(call.root, round);
+    const uint64_t theirs = lane_data_word(call.root, round);
     if ((theirs >> kRoundShift) < round) return false;
-    copy_bytes(job.output, lane_slot(call.root, round), bytes);
+    copy_bytes(job.output, lane_slot(call.root, round).data, bytes);
     same_call = theirs == mine;
   } else if (broadcast) {
     copy_bytes(job.output, input, bytes);  // in place, the root's output is its input
   } else if (root) {
     for (int q = 0; q < nranks_; ++q) {
-      const uint64_t theirs = lane_word(q, round);
+      const uint64_t theirs = lane_data_word(q, round);
       if (q == rank_) continue;
       if ((theirs >> kRoundShift) < round) return false;
       same_call = same_call && theirs == mine;
     }
     reduce_ranks(job.math, nranks_, job.output, call.count,
-                 [&](int q) { return lane_slot(q, round); });
+                 [&](int q) { return lane_slot(q, round).data; });
   }
   // Reduce's non-roots read nothing: the round ends with its publication. Only now is it
   // this rank's to ack (a wait's check before this would find lane_round_ all acked).

@@ -16,7 +16,8 @@
 // Lanes: a Broadcast or Reduce of at most kLaneBytes runs in one small slot
 // of a ring of kLanes instead, each slot with its own ready word, numbered by
 // the communicator's lane rounds. Every rank publishes each lane round
-// (writers with their input in the slot); a rank waits only for the ranks
+// (writers with their input in the slot, and the word again at the slot's head,
+// on the data's line, for its reader); a rank waits only for the ranks
 // whose slot it reads (a Broadcast's non-roots for the root, a Reduce's root
 // for every rank), and a rank with nothing to read (the Broadcast root,
 // Reduce's non-roots) returns once it published. Before a rank publishes
@@ -312,7 +313,8 @@ class DirectState {
   // Wakes this rank's sleepers (a failure, new work) whatever they wait for.
   void interrupt();
 
-  struct Control;  // in shared memory, at the start of each rank's segment
+  struct Control;   // in shared memory, at the start of each rank's segment
+  struct LaneSlot;  // in shared memory, kLanes of them after the announcements
 
  private:
   Control& control(int rank) const;
@@ -343,6 +345,8 @@ class DirectState {
   // Rank q's ready word for lane round `round`'s slot: (round << kRoundShift) | its tag << 1
   // once it published that round, an earlier round before, a later one once it ran ahead.
   uint64_t lane_word(int q, uint64_t round) const;
+  // The same word in rank q's slot of lane round `round`, which it writes with its data there.
+  uint64_t lane_data_word(int q, uint64_t round) const;
   // This rank's word for lane round `round`, as every peer that made the same call wrote it.
   uint64_t own_lane_word(uint64_t round) const;
   // Whether every peer published lane round `round` (with checks on: made this rank's call
@@ -352,7 +356,7 @@ class DirectState {
   // peer ready (so past them); whether all made this rank's calls.
   [[gnu::noinline]] bool ack_lanes();
   // Rank q's slot of lane round `round`.
-  const std::byte* lane_slot(int q, uint64_t round) const;
+  LaneSlot& lane_slot(int q, uint64_t round) const;
   // Records the CPU this thread runs on for the peers (shares_cpu_with_peer).
   void note_cpu() const;
   // Wakes the peers that sleep waiting for what this rank just published.
@@ -439,7 +443,7 @@ class DirectState {
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;
   std::vector<std::byte*> stagings_;  // by rank: its staging (both halves)
-  std::vector<std::byte*> lanes_;     // by rank: its lane slots
+  std::vector<LaneSlot*> lanes_;      // by rank: its lane slots
   size_t half_bytes_ = 0;             // staging_bytes_ / 2
   size_t prefaulted_bytes_ = 0;       // of each own staging half: pages mapped so far
   std::vector<std::atomic<uint64_t>*> announcements_;  // by rank: its first slot
