@@ -25,7 +25,7 @@ constexpr size_t kLine = 64;
 // The defaults of WEFT_SHM_* are in the environment table (common/env.cc); CMA's
 // depends on the cores (kAutoCmaBytes).
 constexpr uint64_t kMinStagingBytes = 4096;
-constexpr size_t kControlBytes = 1024;  // keeps the staging well aligned
+constexpr size_t kControlBytes = 2048;  // keeps the staging well aligned
 // What a ready word's cache line holds after the word (DirectState::Control::ReadyLine).
 constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
 // Announcements (mismatch detection) follow the control block: the last announced_slots()
@@ -40,8 +40,8 @@ constexpr size_t kSlotSequence = 0, kSlotCount = 1, kSlotShape = 2, kSlotHashed 
 // so that 2^40 rounds fit), whether the rank needs another round in bit 0.
 constexpr unsigned kRoundShift = 24;
 constexpr uint64_t kTagMask = (uint64_t{1} << (kRoundShift - 1)) - 1;
-// Lanes: kLanes slots in the header, after the announcements. A Broadcast or Reduce of at
-// most kLaneBytes takes one.
+// Lanes: kLanes slots in the header (kShortLanes where /dev/shm is short), after the
+// announcements. A Broadcast or Reduce of at most kLaneBytes takes one.
 // A lane slot: its ready word, then its data (DirectState::LaneSlot), whole cache lines.
 constexpr size_t kLaneSlotBytes = (sizeof(uint64_t) + kLaneBytes + kLine - 1) / kLine * kLine;
 // Reductions run over pieces this large, so the result stays in cache across sources.
@@ -59,13 +59,13 @@ size_t slot_words(int nranks) {
 }
 
 // Announcement slots per rank: as many as fit 16 KiB, a power of two (the slot is a mask of
-// the sequence on the call's path), from 8 to 64. A rank whose streams run that many calls
-// ahead of a peer (GPU calls return at enqueue) overwrites announcements the peer has not
-// compared yet; small communicators, where that is cheap to avoid, keep 64.
+// the sequence on the call's path), from 8 to 2 * kLaneWindow. A rank whose streams run that
+// many calls ahead of a peer (GPU calls return at enqueue) overwrites announcements the peer
+// has not compared yet; small communicators, where that is cheap to avoid, keep 128.
 size_t announced_slots(int nranks) {
   const size_t fit = (size_t{16} << 10) / (slot_words(nranks) * sizeof(uint64_t));
   size_t slots = 8;
-  while (slots < 64 && 2 * slots <= fit) slots *= 2;
+  while (slots < 2 * kLaneWindow && 2 * slots <= fit) slots *= 2;
   return slots;
 }
 
@@ -76,16 +76,16 @@ size_t lanes_offset(int nranks) {
                   kLine);
 }
 
-// What precedes the staging in each rank's segment: the control block, the announcements
-// and the lane slots.
-size_t header_bytes(int nranks) {
-  return round_up(lanes_offset(nranks) + kLanes * kLaneSlotBytes, kControlBytes);
+// What precedes the staging in a rank's segment: the control block, the announcements and
+// `lanes` lane slots.
+size_t header_bytes(int nranks, uint64_t lanes) {
+  return round_up(lanes_offset(nranks) + lanes * kLaneSlotBytes, kControlBytes);
 }
 
 }  // namespace
 
-uint64_t DirectState::lane_window_for(int nranks) {
-  return std::min<uint64_t>(kLaneWindow, announced_slots(nranks) / 2);
+uint64_t DirectState::lane_window_for(int nranks, uint64_t lanes) {
+  return std::min<uint64_t>({kLaneWindow, announced_slots(nranks) / 2, lanes / 2});
 }
 
 namespace {
@@ -243,27 +243,36 @@ uint64_t piece(uint64_t total, uint64_t step, uint64_t per_round) {
 constexpr uint64_t kRoomShare = 64;
 constexpr uint64_t kPage = 4096;
 
-// This rank's staging bytes: `requested`, or less when /dev/shm is short and
-// WEFT_SHM_BYTES was not set (then one WARN per process).
-size_t staging_size(uint64_t requested, int nranks, int rank, size_t header) {
-  uint64_t bytes = requested;
+// What /dev/shm has free, and this rank's share of it, when that share is less than
+// `requested` bytes of staging and WEFT_SHM_BYTES was not set (an explicit value is taken as
+// asked; no room: the message path).
+struct ShortRoom {
+  uint64_t free = 0, share = 0;
+};
+std::optional<ShortRoom> short_room(uint64_t requested, int nranks) {
   std::optional<uint64_t> room = shm::free_bytes();
-  // An explicit WEFT_SHM_BYTES is taken as asked (no room: the message path).
-  if (nranks > 1 && room && !env_string("WEFT_SHM_BYTES")) {
-    const uint64_t fits = *room / (kRoomShare * static_cast<uint64_t>(nranks));
-    if (fits < requested) {
-      // Whole pages with the header (tmpfs reserves pages).
-      bytes = std::max(fits + header, kPage) / kPage * kPage - header;
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true))
-        WEFT_LOG(WARN, INIT,
-                 "rank %d: /dev/shm has %llu bytes free: direct-path staging of %llu bytes per "
-                 "rank instead of %llu (larger messages take more rounds; enlarge /dev/shm or "
-                 "set WEFT_SHM_BYTES)",
-                 rank, static_cast<unsigned long long>(*room),
-                 static_cast<unsigned long long>(bytes),
-                 static_cast<unsigned long long>(requested));
-    }
+  if (nranks == 1 || !room || env_string("WEFT_SHM_BYTES")) return std::nullopt;
+  const uint64_t share = *room / (kRoomShare * static_cast<uint64_t>(nranks));
+  if (share >= requested) return std::nullopt;
+  return ShortRoom{*room, share};
+}
+
+// This rank's staging bytes: `requested`, or its share of a short /dev/shm (then one WARN
+// per process).
+size_t staging_size(uint64_t requested, const std::optional<ShortRoom>& room, int nranks, int rank,
+                    size_t header) {
+  uint64_t bytes = requested;
+  if (room) {
+    // Whole pages with the header (tmpfs reserves pages).
+    bytes = std::max(room->share + header, kPage) / kPage * kPage - header;
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      WEFT_LOG(WARN, INIT,
+               "rank %d: /dev/shm has %llu bytes free: direct-path staging of %llu bytes per "
+               "rank instead of %llu (larger messages take more rounds; enlarge /dev/shm or "
+               "set WEFT_SHM_BYTES)",
+               rank, static_cast<unsigned long long>(room->free),
+               static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(requested));
   }
   return round_up(std::max<size_t>(bytes, 2 * nranks * kLine), 2 * kLine);
 }
@@ -340,8 +349,6 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   nranks_ = nranks;
   registry_ = registry;
   WEFT_RETURN_IF_ERROR(read_check_mode(&check_));
-  lane_window_ = lane_window_for(nranks);
-  header_bytes_ = header_bytes(nranks);
   slot_words_ = slot_words(nranks);
   announced_mask_ = announced_slots(nranks) - 1;
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
@@ -372,9 +379,15 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%llu is below the minimum of %llu bytes",
                  static_cast<unsigned long long>(requested),
                  static_cast<unsigned long long>(kMinStagingBytes));
-  // Two halves, each with a slot per peer of at least a cache line.
-  staging_bytes_ = staging_size(requested, nranks, rank, header_bytes_);
+  // Two halves, each with a slot per peer of at least a cache line. Where /dev/shm is short
+  // the lanes shrink too: ranks may differ, and all use the fewest lanes.
+  const std::optional<ShortRoom> room = short_room(requested, nranks);
+  const uint64_t lanes = room ? kShortLanes : kLanes;
+  header_bytes_ = header_bytes(nranks, lanes);
+  staging_bytes_ = staging_size(requested, room, nranks, rank, header_bytes_);
   size_t total = header_bytes_ + staging_bytes_;
+  std::vector<size_t> headers(nranks, header_bytes_);  // by rank
+  lane_count_ = lanes;
 
   std::vector<shm::Segment> segments(nranks);
   if (nranks == 1) {
@@ -390,15 +403,14 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
       for (size_t i = 0; i < (announced_mask_ + 1) * slot_words_; ++i)
         new (&words[i]) std::atomic<uint64_t>(0);
     }
-    // Each name travels with its segment's size: ranks may have sized theirs
-    // to different room, and all use the smallest staging.
+    // Each name travels after its segment's size and lane slots: ranks may have sized theirs
+    // to different room, and all use the smallest staging and the fewest lanes.
     std::vector<std::string> names;
-    const uint64_t own_total = total;
-    Status agreed =
-        agree(allgather, created,
-              std::string(reinterpret_cast<const char*>(&own_total), sizeof(own_total)) +
-                  segments[rank].name(),
-              &names);
+    const uint64_t own_sizes[2] = {total, lanes};
+    Status agreed = agree(allgather, created,
+                          std::string(reinterpret_cast<const char*>(own_sizes), sizeof(own_sizes)) +
+                              segments[rank].name(),
+                          &names);
     if (!agreed.ok() && agreed.code() == weftSystemError) {
       // Some rank found no room (or no /dev/shm): the communicator still works, on the
       // message path. Every rank saw the same outcome, so all of them go this way.
@@ -415,11 +427,16 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     WEFT_RETURN_IF_ERROR(agreed);
     std::vector<uint64_t> totals(nranks);
     for (int q = 0; q < nranks; ++q) {
-      if (names[q].size() > sizeof(uint64_t)) memcpy(&totals[q], names[q].data(), sizeof(uint64_t));
-      if (totals[q] <= header_bytes_)
+      uint64_t sizes[2] = {0, 0};
+      if (names[q].size() > sizeof(sizes)) memcpy(sizes, names[q].data(), sizeof(sizes));
+      if ((sizes[1] != kLanes && sizes[1] != kShortLanes) ||
+          sizes[0] <= header_bytes(nranks, sizes[1]))
         return Error(weftInternalError, "shared memory: rank %d sent a malformed name", q);
-      names[q].erase(0, sizeof(uint64_t));
-      staging_bytes_ = std::min<size_t>(staging_bytes_, totals[q] - header_bytes_);
+      totals[q] = sizes[0];
+      headers[q] = header_bytes(nranks, sizes[1]);
+      lane_count_ = std::min(lane_count_, sizes[1]);
+      names[q].erase(0, sizeof(sizes));
+      staging_bytes_ = std::min<size_t>(staging_bytes_, totals[q] - headers[q]);
     }
     // Stage 2: attach to every peer; then nobody needs the names any more.
     Status opened;
@@ -481,13 +498,14 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     WEFT_LOG(INFO, INIT, "rank %d: staging not prefaulted (no MADV_POPULATE): first calls fault",
              rank);
   segments_ = std::move(segments);
-  for (const shm::Segment& segment : segments_) {
-    controls_.push_back(reinterpret_cast<Control*>(segment.data()));
-    announcements_.push_back(
-        reinterpret_cast<std::atomic<uint64_t>*>(segment.data() + kControlBytes));
-    stagings_.push_back(segment.data() + header_bytes_);
-    lanes_.push_back(reinterpret_cast<LaneSlot*>(segment.data() + lanes_offset(nranks)));
+  for (int q = 0; q < nranks; ++q) {
+    std::byte* segment = segments_[q].data();
+    controls_.push_back(reinterpret_cast<Control*>(segment));
+    announcements_.push_back(reinterpret_cast<std::atomic<uint64_t>*>(segment + kControlBytes));
+    stagings_.push_back(segment + headers[q]);
+    lanes_.push_back(reinterpret_cast<LaneSlot*>(segment + lanes_offset(nranks)));
   }
+  lane_window_ = lane_window_for(nranks, lane_count_);
   half_bytes_ = staging_bytes_ / 2;
   bell_.store(&controls_[rank]->bell, std::memory_order_release);
   WEFT_LOG(INFO, INIT, "rank %d: direct algorithms over %zu bytes of staging per rank%s", rank,
@@ -734,14 +752,18 @@ inline bool DirectState::lane_op(const Job& job) const {
          call.count * job.math.element_size <= kLaneBytes && staged_unoffered(job);
 }
 
+inline uint64_t DirectState::lane_index(uint64_t round) const {
+  return round & (lane_count_ - 1);  // a power of two
+}
+
 inline DirectState::LaneSlot& DirectState::lane_slot(int q, uint64_t round) const {
-  return lanes_[q][round % kLanes];
+  return lanes_[q][lane_index(round)];
 }
 
 inline uint64_t DirectState::lane_word(int q, uint64_t round) const {
   // Acquire: pairs with rank q's release of its word in advance_lane, after its slot's
   // writes (its data) and after its reads of the rounds before (what it took of ours).
-  return controls_[q]->lane_ready[round % kLanes].load(std::memory_order_acquire);
+  return controls_[q]->lane_ready[lane_index(round)].load(std::memory_order_acquire);
 }
 
 inline uint64_t DirectState::lane_data_word(int q, uint64_t round) const {
@@ -750,11 +772,11 @@ inline uint64_t DirectState::lane_data_word(int q, uint64_t round) const {
 }
 
 inline uint64_t DirectState::own_lane_word(uint64_t round) const {
-  return round << kRoundShift | lane_calls_[round % kLanes].tag << 1;
+  return round << kRoundShift | lane_calls_[lane_index(round)].tag << 1;
 }
 
 inline bool DirectState::ack_lane(uint64_t round) {
-  // A peer's word for the round is this round's until it runs kLanes - lane_window_ + 1
+  // A peer's word for the round is this round's until it runs lane_count_ - lane_window_ + 1
   // rounds further than it may: equal to this rank's once it published the round with this
   // rank's call in it (with checks off every tag is 0).
   const uint64_t mine = own_lane_word(round);
@@ -781,7 +803,7 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
   const bool root = rank_ == call.root;
   run->lane_root = broadcast ? call.root : -1;
   if (!run->published) {
-    // The slot held round - kLanes: every peer must be done with it, which it is once it
+    // The slot held round - lane_count_: every peer must be done with it, which it is once it
     // published round - lane_window_ + 1 (a rank publishes a lane round only after finishing
     // the one before), the oldest round this rank may not have acked. With checks on, a tag
     // that differs keeps this rank waiting here, where its wait's check (lane_mismatch) names
@@ -791,7 +813,7 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
       return false;
     // With checks off the tag is 0 and nothing is compared.
     if (check_ != CheckMode::Off)
-      lane_calls_[round % kLanes] = {job.sequence, job.ready_tag, job.shape};
+      lane_calls_[lane_index(round)] = {job.sequence, job.ready_tag, job.shape};
     note_cpu();
     // Release, both: the slot's bytes (and the call's announcement) before the words, and
     // this rank's reads of earlier rounds before lane_ready's (a writer's acquire orders its
@@ -801,8 +823,8 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
       copy_bytes(slot.data, input, bytes);
       slot.word.store(own_lane_word(round), std::memory_order_release);
     }
-    control(rank_).lane_ready[round % kLanes].store(own_lane_word(round),
-                                                    std::memory_order_release);
+    control(rank_).lane_ready[lane_index(round)].store(own_lane_word(round),
+                                                       std::memory_order_release);
     ring_peers();
     run->published = true;
     *progressed = true;
@@ -813,7 +835,7 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
   bool same_call = true;
   if (broadcast && !root) {
     // Only the root's slot is read. Its word still holds this round: the root publishes
-    // round + kLanes there only after this rank published round + 1.
+    // round + lane_count_ there only after this rank published round + 1.
     const uint64_t theirs = lane_data_word(call.root, round);
     if ((theirs >> kRoundShift) < round) return false;
     copy_bytes(job.output, lane_slot(call.root, round).data, bytes);
@@ -851,7 +873,7 @@ std::string DirectState::lane_mismatch() {
   // The oldest round a peer's word does not show this rank's call in: peers publish in order,
   // so a peer's later rounds wait until this one is compared.
   const uint64_t round = lane_acked_ + 1;
-  const LaneCall& mine = lane_calls_[round % kLanes];
+  const LaneCall& mine = lane_calls_[lane_index(round)];
   std::string why = mismatch(mine.sequence, mine.shape);
   if (!why.empty()) return why;
   // Its announcement may be gone (calls queued on a stream run far ahead): the word says it.

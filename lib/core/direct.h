@@ -14,12 +14,11 @@
 // peer takes one cache miss for the word and the data rather than two.
 //
 // Lanes: a Broadcast or Reduce of at most kLaneBytes runs in one small slot
-// of a ring of kLanes instead, each slot with its own ready word, numbered by
-// the communicator's lane rounds. Every rank publishes each lane round
-// (writers with their input in the slot, and the word again at the slot's head,
-// on the data's line, for its reader); a rank waits only for the ranks
-// whose slot it reads (a Broadcast's non-roots for the root, a Reduce's root
-// for every rank), and a rank with nothing to read (the Broadcast root,
+// of a ring of lanes instead (kLanes, fewer where /dev/shm is short), each slot with its own ready
+// word, numbered by the communicator's lane rounds. Every rank publishes each lane round (writers
+// with their input in the slot, and the word again at the slot's head, on the data's line, for its
+// reader); a rank waits only for the ranks whose slot it reads (a Broadcast's non-roots for the
+// root, a Reduce's root for every rank), and a rank with nothing to read (the Broadcast root,
 // Reduce's non-roots) returns once it published. Before a rank publishes
 // lane round L it checks that every peer published round L - W + 1 (W, the
 // window: kLaneWindow, less on large communicators), which each did only
@@ -115,13 +114,19 @@ inline constexpr uint32_t kCmaWarmup = 2;
 inline constexpr double kCopyStreamingMargin = 1.1;
 
 // Lanes (a small Broadcast or Reduce): a sender runs up to kLaneWindow - 1 calls ahead of its
-// slowest peer (fewer on large communicators: DirectState::lane_window_), in a ring of kLanes
-// slots per rank. Twice the window, or nearly: then a peer's word for the oldest lane round
-// a rank has not compared still holds that round (the peer's next round in its slot needs
-// this rank's round kLanes - kLaneWindow + 1 further, more than the peer may run ahead).
-inline constexpr uint64_t kLaneWindow = 32;
+// slowest peer (fewer on large communicators and where /dev/shm is short:
+// DirectState::lane_window_), in a ring of kLanes slots per rank, kShortLanes where /dev/shm is
+// short. Twice the window, or nearly: then a peer's word for the oldest lane round a rank has
+// not compared still holds that round (the peer's next round in its slot needs this rank's
+// round lanes - window + 1 further, more than the peer may run ahead). Ranks that share cores
+// take turns once per window: at 4 ranks on 2 cores a window of 64 took half the context
+// switches of 32, and 8-byte Broadcast 0.31 us against 0.38 (docs/performance.md).
+inline constexpr uint64_t kLaneWindow = 64;
 inline constexpr uint64_t kLaneBytes = 512;  // a lane slot's data
-inline constexpr uint64_t kLanes = 64;
+inline constexpr uint64_t kLanes = 128;
+// Where /dev/shm is short every byte of the header is taken from staging: 128 slots (72 KiB)
+// failed ContainerDevShm's 64 8-rank communicators in 64 MB.
+inline constexpr uint64_t kShortLanes = 64;
 static_assert(2 * kLaneWindow <= kLanes + 2);
 
 // Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
@@ -250,8 +255,9 @@ class DirectState {
   // senders at most lane_window() - 1 calls ahead of their peers.
   uint64_t lane_bytes() const { return shared() ? kLaneBytes : 0; }
   uint64_t lane_window() const { return lane_window_; }
-  // The window of a communicator of `nranks` ranks on one node.
-  static uint64_t lane_window_for(int nranks);
+  // The window of a communicator of `nranks` ranks on one node with `lanes` slots per rank
+  // (kLanes: with room in /dev/shm).
+  static uint64_t lane_window_for(int nranks, uint64_t lanes = kLanes);
 
   // Called when a job is launched: its place in the communicator's order.
   uint64_t issue_ticket() { return tickets_issued_++; }
@@ -355,6 +361,8 @@ class DirectState {
   // Checks on: acks every lane round this rank has not acked, once its staged op found every
   // peer ready (so past them); whether all made this rank's calls.
   [[gnu::noinline]] bool ack_lanes();
+  // Lane round `round`'s slot in every rank's ring.
+  uint64_t lane_index(uint64_t round) const;
   // Rank q's slot of lane round `round`.
   LaneSlot& lane_slot(int q, uint64_t round) const;
   // Records the CPU this thread runs on for the peers (shares_cpu_with_peer).
@@ -436,16 +444,19 @@ class DirectState {
   int rank_ = 0;
   int nranks_ = 0;
   CheckMode check_ = CheckMode::On;
-  size_t header_bytes_ = 0;      // the control block and the announcements, before the staging
-  size_t slot_words_ = 0;        // words per announcement slot
+  size_t header_bytes_ =
+      0;                   // this rank's control block, announcements and lanes, before its staging
+  size_t slot_words_ = 0;  // words per announcement slot
   uint64_t announced_mask_ = 7;  // announcement slots - 1 (a power of two): sequence's slot
   size_t staging_bytes_ = 0;
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;
   std::vector<std::byte*> stagings_;  // by rank: its staging (both halves)
   std::vector<LaneSlot*> lanes_;      // by rank: its lane slots
-  size_t half_bytes_ = 0;             // staging_bytes_ / 2
-  size_t prefaulted_bytes_ = 0;       // of each own staging half: pages mapped so far
+  // Lane slots in use per rank, the fewest any rank made room for (all ranks agree).
+  uint64_t lane_count_ = kLanes;
+  size_t half_bytes_ = 0;        // staging_bytes_ / 2
+  size_t prefaulted_bytes_ = 0;  // of each own staging half: pages mapped so far
   std::vector<std::atomic<uint64_t>*> announcements_;  // by rank: its first slot
   std::atomic<shm::Doorbell*> bell_{nullptr};
   // Rounds of this communicator completed by its direct ops (all ranks agree;
@@ -456,7 +467,7 @@ class DirectState {
   // rank's call in it).
   uint64_t lane_round_ = 0;
   uint64_t lane_acked_ = 0;
-  // Checks on: this rank's call in each lane round not acked yet, by round % kLanes.
+  // Checks on: this rank's call in each lane round not acked yet, by its slot.
   struct LaneCall {
     uint64_t sequence = 0;
     uint64_t tag = 0;
@@ -469,7 +480,8 @@ class DirectState {
   bool lanes_passed_ = false;
   // How far a sender runs ahead, plus one: kLaneWindow, less where the announcement ring is
   // short (half of it), so that a peer that made another call still finds this rank's
-  // announcement of it however far ahead this rank ran in the lanes.
+  // announcement of it however far ahead this rank ran in the lanes, and where the lanes are
+  // (half of them).
   uint64_t lane_window_ = kLaneWindow;
   std::string unavailable_reason_;
   std::atomic<uint64_t> tickets_issued_{0};

@@ -49,7 +49,8 @@ class TunerFile {
 // The prediction on `nranks` ranks of one node with WEFT_TUNER_FILE = `text`,
 // after turning off the defaults' optional costs (call, cache tier, slicing),
 // so that each test sees only the figures it sets.
-// Lane calls, where lane_bytes is set, as the direct path's: up to 512 bytes, a window of 32.
+// Lane calls, where lane_bytes is set, as the direct path's: up to 512 bytes, a window of 32
+// (its window from 6 to 13 ranks, and where /dev/shm is short).
 double predict_with(const std::string& text, int nranks, Algorithm algorithm, uint64_t bytes,
                     bool shared_memory = false, Collective collective = Collective::AllReduce,
                     uint64_t single_copy_bytes = 0, uint64_t lane_bytes = 0) {

@@ -1,6 +1,7 @@
 // Communicator setup in a container's /dev/shm: 64 communicators of 8 ranks
 // alive at once in a private 64 MB tmpfs (Docker's default size), each
-// running the direct path exactly, and nothing left there afterwards.
+// running the direct path exactly, and nothing left there afterwards; ranks
+// that sized their segments differently agreeing on one layout.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -8,10 +9,12 @@
 #include <sys/statvfs.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/direct.h"
 #include "support/multirank.h"
 #include "weft/weft.h"
 
@@ -98,6 +101,57 @@ TEST(ContainerDevShm, SixtyFourCommunicatorsOfEightRanksFitIn64MB) {
   // Every segment was unlinked once attached, and its memory went with its processes.
   EXPECT_EQ(shm_entries(), std::vector<std::string>());
   EXPECT_EQ(shm_used_bytes(), used_before);
+}
+
+// Rank 0 sets WEFT_SHM_BYTES, so it takes the staging and lanes asked for; the others size
+// theirs to the short /dev/shm (less staging, kShortLanes lane slots). All must use the
+// fewest lanes and address each peer's staging after that peer's own header: small
+// Broadcasts and Reduces from every root, far more calls than the ring has slots and
+// queued on a stream too, and AllReduces through the staging, all exact.
+TEST(ContainerDevShm, RanksWithDifferentRoomAgreeOnTheLanes) {
+  std::string why_not = private_dev_shm("64m");
+  if (!why_not.empty()) GTEST_SKIP() << "no private /dev/shm: " << why_not;
+  RunOptions options;
+  options.timeout_s = 120;
+  run_ranks(
+      4,
+      [](const RankContext& context) {
+        if (context.rank == 0) {
+          ASSERT_EQ(setenv("WEFT_SHM_BYTES", "1048576", 1), 0);
+        }
+        weftComm_t comm = init_comm(context);
+        ASSERT_NE(comm, nullptr);
+        const int n = context.nranks, me = context.rank;
+        weftStream_t stream = nullptr;
+        ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
+        const int kCalls = static_cast<int>(3 * kLanes);
+        std::vector<std::vector<int32_t>> queued(kCalls, std::vector<int32_t>(8));
+        for (int i = 0; i < kCalls; ++i) {
+          const int root = i % n;
+          std::vector<int32_t> data(8, me == root ? i : -1);
+          ASSERT_EQ(weftBroadcast(data.data(), data.data(), 8, weftInt32, root, comm, nullptr),
+                    weftSuccess)
+              << weftGetLastError(comm);
+          ASSERT_EQ(data, std::vector<int32_t>(8, i)) << "call " << i;
+          int32_t sum = me + i;
+          ASSERT_EQ(weftReduce(&sum, &sum, 1, weftInt32, weftSum, root, comm, nullptr), weftSuccess)
+              << weftGetLastError(comm);
+          if (me == root) {
+            ASSERT_EQ(sum, n * (n - 1) / 2 + n * i) << "call " << i;
+          }
+          if (i % 100 == 99) expect_exact_allreduce(comm, me, n, i);
+          std::fill(queued[i].begin(), queued[i].end(), me == root ? i : -1);
+          ASSERT_EQ(
+              weftBroadcast(queued[i].data(), queued[i].data(), 8, weftInt32, root, comm, stream),
+              weftSuccess);
+        }
+        ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
+        for (int i = 0; i < kCalls; ++i) ASSERT_EQ(queued[i], std::vector<int32_t>(8, i)) << i;
+        EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+      },
+      options);
+  EXPECT_EQ(shm_entries(), std::vector<std::string>());
 }
 
 }  // namespace
