@@ -263,8 +263,8 @@ size_t staging_size(uint64_t requested, const std::optional<ShortRoom>& room, in
                     size_t header) {
   uint64_t bytes = requested;
   if (room) {
-    // Whole pages with the header (tmpfs reserves pages).
-    bytes = std::max(room->share + header, kPage) / kPage * kPage - header;
+    // Whole pages with the header (tmpfs reserves pages), and never less than the header's.
+    bytes = std::max((room->share + header) / kPage * kPage, round_up(header, kPage)) - header;
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true))
       WEFT_LOG(WARN, INIT,
@@ -379,10 +379,11 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%llu is below the minimum of %llu bytes",
                  static_cast<unsigned long long>(requested),
                  static_cast<unsigned long long>(kMinStagingBytes));
-  // Two halves, each with a slot per peer of at least a cache line. Where /dev/shm is short
-  // the lanes shrink too: ranks may differ, and all use the fewest lanes.
+  // Two halves, each with a slot per peer of at least a cache line. The longer lane ring
+  // only where its window fits the announcements (up to 5 ranks) and /dev/shm has room:
+  // ranks may differ, and all use the fewest lanes.
   const std::optional<ShortRoom> room = short_room(requested, nranks);
-  const uint64_t lanes = room ? kShortLanes : kLanes;
+  const uint64_t lanes = room || lane_window_for(nranks) < kLaneWindow ? kShortLanes : kLanes;
   header_bytes_ = header_bytes(nranks, lanes);
   staging_bytes_ = staging_size(requested, room, nranks, rank, header_bytes_);
   size_t total = header_bytes_ + staging_bytes_;

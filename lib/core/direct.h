@@ -21,14 +21,12 @@
 // root, a Reduce's root for every rank), and a rank with nothing to read (the Broadcast root,
 // Reduce's non-roots) returns once it published. Before a rank publishes
 // lane round L it checks that every peer published round L - W + 1 (W, the
-// window: kLaneWindow, less on large communicators), which each did only
-// after finishing the rounds before. So a sender runs up to W - 1 calls ahead
-// of its slowest peer, and ranks that share a core take turns in batches of
-// calls instead of once per call (docs/performance.md, "Small Broadcast and
-// Reduce return early").
-// With mismatch detection on, a lane's ready word carries the call's tag, as
-// the staging's do: a rank that reads a slot compares the writer's call at
-// once; a rank that only sent compares every peer's word of that round later,
+// window: kLaneWindow, less on large communicators and where /dev/shm is short), which each did
+// only after finishing the rounds before. So a sender runs up to W - 1 calls ahead of its slowest
+// peer, and ranks that share a core take turns in batches of calls instead of once per call
+// (docs/performance.md, "Small Broadcast and Reduce return early"). With mismatch detection on, a
+// lane's ready word carries the call's tag, as the staging's do: a rank that reads a slot compares
+// the writer's call at once; a rank that only sent compares every peer's word of that round later,
 // when it publishes round L + W - 1 or when its next staged op finds every
 // peer ready (both wait for the peers anyway), and the op that runs compares
 // the oldest such round's announcements while it waits. So a mismatched
@@ -320,7 +318,7 @@ class DirectState {
   void interrupt();
 
   struct Control;   // in shared memory, at the start of each rank's segment
-  struct LaneSlot;  // in shared memory, kLanes of them after the announcements
+  struct LaneSlot;  // in shared memory, lane_count_ of them (or more) after the announcements
 
  private:
   Control& control(int rank) const;

@@ -237,7 +237,8 @@ TEST_P(StoppedLaneReceiver, IsNamedAfterTheWindow) {
   int victim_pid[2];
   ASSERT_EQ(pipe(victim_pid), 0);
   RunOptions options;
-  options.env = {{"WEFT_CHECK", GetParam()}};
+  // Staging as asked, so the window is kLaneWindow however short /dev/shm is.
+  options.env = {{"WEFT_CHECK", GetParam()}, {"WEFT_SHM_BYTES", kSmallStaging}};
   options.expected.assign(3, ExpectedEnd{});
   options.expected[2].signal = SIGKILL;
   run_ranks(
@@ -290,9 +291,10 @@ INSTANTIATE_TEST_SUITE_P(Check, StoppedLaneReceiver, ::testing::Values("off", "o
 
 constexpr int kCheckTimeoutMs = 60000;
 
+// Staging as asked, so the window is kLaneWindow however short /dev/shm is.
 RunOptions checked_options() {
   RunOptions options;
-  options.env = {{"WEFT_CHECK", "on"}};
+  options.env = {{"WEFT_CHECK", "on"}, {"WEFT_SHM_BYTES", kSmallStaging}};
   return options;
 }
 

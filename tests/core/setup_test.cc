@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/direct.h"
+#include "support/direct_cases.h"
 #include "support/multirank.h"
 #include "weft/weft.h"
 
@@ -119,7 +120,12 @@ TEST(ContainerDevShm, RanksWithDifferentRoomAgreeOnTheLanes) {
         if (context.rank == 0) {
           ASSERT_EQ(setenv("WEFT_SHM_BYTES", "1048576", 1), 0);
         }
-        weftComm_t comm = init_comm(context);
+        // One-shot forced (the lanes are its small rooted calls), and a short timeout: ranks
+        // that disagree on the ring wait for words that never come.
+        const int kTimeoutMs = 10000;
+        weftComm_t world = init_comm(context, kTimeoutMs);
+        ASSERT_NE(world, nullptr);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot, kTimeoutMs);
         ASSERT_NE(comm, nullptr);
         const int n = context.nranks, me = context.rank;
         weftStream_t stream = nullptr;
@@ -149,6 +155,7 @@ TEST(ContainerDevShm, RanksWithDifferentRoomAgreeOnTheLanes) {
         for (int i = 0; i < kCalls; ++i) ASSERT_EQ(queued[i], std::vector<int32_t>(8, i)) << i;
         EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
       options);
   EXPECT_EQ(shm_entries(), std::vector<std::string>());
