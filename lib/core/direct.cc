@@ -58,34 +58,49 @@ size_t slot_words(int nranks) {
   return round_up(kSlotCounts + 2 * static_cast<size_t>(nranks), kLine / sizeof(uint64_t));
 }
 
-// Announcement slots per rank: as many as fit 16 KiB, a power of two (the slot is a mask of
-// the sequence on the call's path), from 8 to 2 * kLaneWindow. A rank whose streams run that
-// many calls ahead of a peer (GPU calls return at enqueue) overwrites announcements the peer
-// has not compared yet; small communicators, where that is cheap to avoid, keep 128.
-size_t announced_slots(int nranks) {
-  const size_t fit = (size_t{16} << 10) / (slot_words(nranks) * sizeof(uint64_t));
-  size_t slots = 8;
-  while (slots < 2 * kLaneWindow && 2 * slots <= fit) slots *= 2;
-  return slots;
+// A rank's rings in its segment: announcement slots (as many as fit 32 KiB, 16 where /dev/shm
+// is short; a power of two, the slot a mask of the sequence on the call's path, from 8 to
+// 2 * kLaneWindow) and lane slots (kLanes where the window can use them and /dev/shm has
+// room, else kShortLanes). A rank whose streams run as many calls ahead of a peer as it has
+// announcement slots (GPU calls return at enqueue) overwrites announcements the peer has not
+// compared yet. Ranks may differ (they read the room at different moments): all use the
+// fewest slots of each ring, the first ones of their own.
+struct Rings {
+  uint64_t announced = 0, lanes = 0;
+};
+
+Rings rings_for(int nranks, bool short_of_room) {
+  const size_t budget = short_of_room ? size_t{16} << 10 : size_t{32} << 10;
+  const size_t fit = budget / (slot_words(nranks) * sizeof(uint64_t));
+  Rings rings;
+  rings.announced = 8;
+  while (rings.announced < 2 * kLaneWindow && 2 * rings.announced <= fit) rings.announced *= 2;
+  rings.lanes = !short_of_room && rings.announced == 2 * kLaneWindow ? kLanes : kShortLanes;
+  return rings;
 }
 
-// Where the lane slots start in each rank's segment: after the control block and the
+// How far a sender runs ahead, plus one: half of either ring, so that a peer that made
+// another call still finds this rank's announcement of it and its word in its lane slot.
+uint64_t window_of(const Rings& rings) {
+  return std::min<uint64_t>({kLaneWindow, rings.announced / 2, rings.lanes / 2});
+}
+
+// Where the lane slots start in a rank's segment: after the control block and the
 // announcements.
-size_t lanes_offset(int nranks) {
-  return round_up(kControlBytes + announced_slots(nranks) * slot_words(nranks) * sizeof(uint64_t),
-                  kLine);
+size_t lanes_offset(int nranks, const Rings& rings) {
+  return round_up(kControlBytes + rings.announced * slot_words(nranks) * sizeof(uint64_t), kLine);
 }
 
 // What precedes the staging in a rank's segment: the control block, the announcements and
-// `lanes` lane slots.
-size_t header_bytes(int nranks, uint64_t lanes) {
-  return round_up(lanes_offset(nranks) + lanes * kLaneSlotBytes, kControlBytes);
+// the lane slots.
+size_t header_bytes(int nranks, const Rings& rings) {
+  return round_up(lanes_offset(nranks, rings) + rings.lanes * kLaneSlotBytes, kControlBytes);
 }
 
 }  // namespace
 
-uint64_t DirectState::lane_window_for(int nranks, uint64_t lanes) {
-  return std::min<uint64_t>({kLaneWindow, announced_slots(nranks) / 2, lanes / 2});
+uint64_t DirectState::lane_window_for(int nranks) {
+  return window_of(rings_for(nranks, false));
 }
 
 namespace {
@@ -350,7 +365,6 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   registry_ = registry;
   WEFT_RETURN_IF_ERROR(read_check_mode(&check_));
   slot_words_ = slot_words(nranks);
-  announced_mask_ = announced_slots(nranks) - 1;
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
   const std::optional<uint64_t> cma_bytes = env_value_if_set("WEFT_SHM_CMA_BYTES", "the default");
   cma_bytes_ = cma_thresholds(cma_bytes, oversubscribed);
@@ -379,16 +393,17 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%llu is below the minimum of %llu bytes",
                  static_cast<unsigned long long>(requested),
                  static_cast<unsigned long long>(kMinStagingBytes));
-  // Two halves, each with a slot per peer of at least a cache line. The longer lane ring
-  // only where its window fits the announcements (up to 5 ranks) and /dev/shm has room:
-  // ranks may differ, and all use the fewest lanes.
+  // Two halves, each with a slot per peer of at least a cache line. Where /dev/shm is short
+  // the rings are too.
   const std::optional<ShortRoom> room = short_room(requested, nranks);
-  const uint64_t lanes = room || lane_window_for(nranks) < kLaneWindow ? kShortLanes : kLanes;
-  header_bytes_ = header_bytes(nranks, lanes);
+  const Rings rings = rings_for(nranks, room.has_value());
+  header_bytes_ = header_bytes(nranks, rings);
   staging_bytes_ = staging_size(requested, room, nranks, rank, header_bytes_);
   size_t total = header_bytes_ + staging_bytes_;
-  std::vector<size_t> headers(nranks, header_bytes_);  // by rank
-  lane_count_ = lanes;
+  // By rank: where its staging and its lanes start.
+  std::vector<size_t> headers(nranks, header_bytes_);
+  std::vector<size_t> lane_offsets(nranks, lanes_offset(nranks, rings));
+  Rings agreed_rings = rings;
 
   std::vector<shm::Segment> segments(nranks);
   if (nranks == 1) {
@@ -401,13 +416,13 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     if (created.ok()) {
       new (segments[rank].data()) Control();
       auto* words = reinterpret_cast<std::atomic<uint64_t>*>(segments[rank].data() + kControlBytes);
-      for (size_t i = 0; i < (announced_mask_ + 1) * slot_words_; ++i)
+      for (size_t i = 0; i < rings.announced * slot_words_; ++i)
         new (&words[i]) std::atomic<uint64_t>(0);
     }
-    // Each name travels after its segment's size and lane slots: ranks may have sized theirs
-    // to different room, and all use the smallest staging and the fewest lanes.
+    // Each name travels after its segment's size and rings: ranks may have sized theirs to
+    // different room, and all use the smallest staging and the fewest slots.
     std::vector<std::string> names;
-    const uint64_t own_sizes[2] = {total, lanes};
+    const uint64_t own_sizes[3] = {total, rings.announced, rings.lanes};
     Status agreed = agree(allgather, created,
                           std::string(reinterpret_cast<const char*>(own_sizes), sizeof(own_sizes)) +
                               segments[rank].name(),
@@ -428,14 +443,19 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     WEFT_RETURN_IF_ERROR(agreed);
     std::vector<uint64_t> totals(nranks);
     for (int q = 0; q < nranks; ++q) {
-      uint64_t sizes[2] = {0, 0};
+      uint64_t sizes[3] = {0, 0, 0};
       if (names[q].size() > sizeof(sizes)) memcpy(sizes, names[q].data(), sizeof(sizes));
-      if ((sizes[1] != kLanes && sizes[1] != kShortLanes) ||
-          sizes[0] <= header_bytes(nranks, sizes[1]))
+      const Rings theirs{sizes[1], sizes[2]};
+      const bool announced_valid = theirs.announced >= 8 && theirs.announced <= 2 * kLaneWindow &&
+                                   (theirs.announced & (theirs.announced - 1)) == 0;
+      if (!announced_valid || (theirs.lanes != kLanes && theirs.lanes != kShortLanes) ||
+          sizes[0] <= header_bytes(nranks, theirs))
         return Error(weftInternalError, "shared memory: rank %d sent a malformed name", q);
       totals[q] = sizes[0];
-      headers[q] = header_bytes(nranks, sizes[1]);
-      lane_count_ = std::min(lane_count_, sizes[1]);
+      headers[q] = header_bytes(nranks, theirs);
+      lane_offsets[q] = lanes_offset(nranks, theirs);
+      agreed_rings.announced = std::min(agreed_rings.announced, theirs.announced);
+      agreed_rings.lanes = std::min(agreed_rings.lanes, theirs.lanes);
       names[q].erase(0, sizeof(sizes));
       staging_bytes_ = std::min<size_t>(staging_bytes_, totals[q] - headers[q]);
     }
@@ -504,9 +524,11 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     controls_.push_back(reinterpret_cast<Control*>(segment));
     announcements_.push_back(reinterpret_cast<std::atomic<uint64_t>*>(segment + kControlBytes));
     stagings_.push_back(segment + headers[q]);
-    lanes_.push_back(reinterpret_cast<LaneSlot*>(segment + lanes_offset(nranks)));
+    lanes_.push_back(reinterpret_cast<LaneSlot*>(segment + lane_offsets[q]));
   }
-  lane_window_ = lane_window_for(nranks, lane_count_);
+  announced_mask_ = agreed_rings.announced - 1;
+  lane_count_ = agreed_rings.lanes;
+  lane_window_ = window_of(agreed_rings);
   half_bytes_ = staging_bytes_ / 2;
   bell_.store(&controls_[rank]->bell, std::memory_order_release);
   WEFT_LOG(INFO, INIT, "rank %d: direct algorithms over %zu bytes of staging per rank%s", rank,

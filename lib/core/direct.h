@@ -118,12 +118,14 @@ inline constexpr double kCopyStreamingMargin = 1.1;
 // not compared still holds that round (the peer's next round in its slot needs this rank's
 // round lanes - window + 1 further, more than the peer may run ahead). Ranks that share cores
 // take turns once per window: at 4 ranks on 2 cores a window of 64 took half the context
-// switches of 32, and 8-byte Broadcast 0.31 us against 0.38 (docs/performance.md).
+// switches of 32, and 8-byte Broadcast 0.31 us against 0.38; at 8 ranks 0.62 against 0.71
+// (docs/performance.md).
 inline constexpr uint64_t kLaneWindow = 64;
 inline constexpr uint64_t kLaneBytes = 512;  // a lane slot's data
 inline constexpr uint64_t kLanes = 128;
 // Where /dev/shm is short every byte of the header is taken from staging: 128 slots (72 KiB)
-// failed ContainerDevShm's 64 8-rank communicators in 64 MB.
+// failed ContainerDevShm's 64 8-rank communicators in 64 MB. The announcement ring stays
+// within 16 KiB there too (32 KiB with room).
 inline constexpr uint64_t kShortLanes = 64;
 static_assert(2 * kLaneWindow <= kLanes + 2);
 
@@ -253,9 +255,8 @@ class DirectState {
   // senders at most lane_window() - 1 calls ahead of their peers.
   uint64_t lane_bytes() const { return shared() ? kLaneBytes : 0; }
   uint64_t lane_window() const { return lane_window_; }
-  // The window of a communicator of `nranks` ranks on one node with `lanes` slots per rank
-  // (kLanes: with room in /dev/shm).
-  static uint64_t lane_window_for(int nranks, uint64_t lanes = kLanes);
+  // The window of a communicator of `nranks` ranks on one node with room in /dev/shm.
+  static uint64_t lane_window_for(int nranks);
 
   // Called when a job is launched: its place in the communicator's order.
   uint64_t issue_ticket() { return tickets_issued_++; }
@@ -445,7 +446,9 @@ class DirectState {
   size_t header_bytes_ =
       0;                   // this rank's control block, announcements and lanes, before its staging
   size_t slot_words_ = 0;  // words per announcement slot
-  uint64_t announced_mask_ = 7;  // announcement slots - 1 (a power of two): sequence's slot
+  // Announcement slots in use - 1 (a power of two, the fewest any rank made; all ranks agree):
+  // a sequence's slot.
+  uint64_t announced_mask_ = 7;
   size_t staging_bytes_ = 0;
   std::vector<shm::Segment> segments_;  // by rank; own included
   std::vector<Control*> controls_;

@@ -104,18 +104,21 @@ TEST(ContainerDevShm, SixtyFourCommunicatorsOfEightRanksFitIn64MB) {
   EXPECT_EQ(shm_used_bytes(), used_before);
 }
 
-// Rank 0 sets WEFT_SHM_BYTES, so it takes the staging and lanes asked for; the others size
-// theirs to the short /dev/shm (less staging, kShortLanes lane slots). All must use the
-// fewest lanes and address each peer's staging after that peer's own header: small
-// Broadcasts and Reduces from every root, far more calls than the ring has slots and
-// queued on a stream too, and AllReduces through the staging, all exact.
-TEST(ContainerDevShm, RanksWithDifferentRoomAgreeOnTheLanes) {
+// Rank 0 sets WEFT_SHM_BYTES, so it takes the staging and rings asked for; the others size
+// theirs to the short /dev/shm (less staging; at 8 ranks 64 announcement slots, not 128, and
+// kShortLanes lane slots). All must use the fewest slots of each ring and address each
+// peer's staging and lanes after that peer's own rings: small Broadcasts and Reduces from
+// every root, far more calls than the rings have slots and queued on a stream too, and
+// AllReduces through the staging, all exact; then a mismatched AllReduce, named on every
+// rank from the announcements.
+TEST(ContainerDevShm, RanksWithDifferentRoomAgreeOnTheRings) {
   std::string why_not = private_dev_shm("64m");
   if (!why_not.empty()) GTEST_SKIP() << "no private /dev/shm: " << why_not;
   RunOptions options;
   options.timeout_s = 120;
+  options.env = {{"WEFT_CHECK", "on"}};
   run_ranks(
-      4,
+      8,
       [](const RankContext& context) {
         if (context.rank == 0) {
           ASSERT_EQ(setenv("WEFT_SHM_BYTES", "1048576", 1), 0);
@@ -153,6 +156,22 @@ TEST(ContainerDevShm, RanksWithDifferentRoomAgreeOnTheLanes) {
         }
         ASSERT_EQ(weftStreamSynchronize(stream), weftSuccess) << weftGetLastError(comm);
         for (int i = 0; i < kCalls; ++i) ASSERT_EQ(queued[i], std::vector<int32_t>(8, i)) << i;
+        // The mismatched call's sequence (one per call so far) has bit 6 set: there 64 slots
+        // and 128 put its announcement in different places.
+        int calls = 3 * kCalls + kCalls / 100;
+        for (; (calls & 64) == 0; ++calls) {
+          int32_t x = 1;
+          ASSERT_EQ(weftAllReduce(&x, &x, 1, weftInt32, weftSum, comm, nullptr), weftSuccess);
+          ASSERT_EQ(x, n);
+        }
+        std::vector<int32_t> values(16, me);
+        EXPECT_EQ(weftAllReduce(values.data(), values.data(), me == 1 ? 16 : 8, weftInt32, weftSum,
+                                comm, nullptr),
+                  weftInvalidUsage);
+        const std::string message = weftGetLastError(comm);
+        EXPECT_NE(message.find("mismatched collectives: rank "), std::string::npos) << message;
+        EXPECT_NE(message.find("allreduce(count=16, int32, sum)"), std::string::npos) << message;
+        EXPECT_NE(message.find("allreduce(count=8, int32, sum)"), std::string::npos) << message;
         EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
