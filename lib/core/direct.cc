@@ -448,11 +448,11 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
       const Rings theirs{sizes[1], sizes[2]};
       const bool announced_valid = theirs.announced >= 8 && theirs.announced <= 2 * kLaneWindow &&
                                    (theirs.announced & (theirs.announced - 1)) == 0;
-      if (!announced_valid || (theirs.lanes != kLanes && theirs.lanes != kShortLanes) ||
-          sizes[0] <= header_bytes(nranks, theirs))
+      const bool lanes_valid = theirs.lanes == kLanes || theirs.lanes == kShortLanes;
+      headers[q] = header_bytes(nranks, theirs);
+      if (!announced_valid || !lanes_valid || sizes[0] <= headers[q])
         return Error(weftInternalError, "shared memory: rank %d sent a malformed name", q);
       totals[q] = sizes[0];
-      headers[q] = header_bytes(nranks, theirs);
       lane_offsets[q] = lanes_offset(nranks, theirs);
       agreed_rings.announced = std::min(agreed_rings.announced, theirs.announced);
       agreed_rings.lanes = std::min(agreed_rings.lanes, theirs.lanes);
@@ -841,13 +841,13 @@ bool DirectState::advance_lane(const Job& job, const std::byte* input, DirectRun
     // Release, both: the slot's bytes (and the call's announcement) before the words, and
     // this rank's reads of earlier rounds before lane_ready's (a writer's acquire orders its
     // next write to those slots after them).
+    const uint64_t word = own_lane_word(round);
     if (!broadcast || root) {
       LaneSlot& slot = lane_slot(rank_, round);
       copy_bytes(slot.data, input, bytes);
-      slot.word.store(own_lane_word(round), std::memory_order_release);
+      slot.word.store(word, std::memory_order_release);
     }
-    control(rank_).lane_ready[lane_index(round)].store(own_lane_word(round),
-                                                       std::memory_order_release);
+    control(rank_).lane_ready[lane_index(round)].store(word, std::memory_order_release);
     ring_peers();
     run->published = true;
     *progressed = true;
