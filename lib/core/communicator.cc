@@ -167,7 +167,10 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
       return Error(weftRemoteError, "malformed peer info for rank %d", peer);
     addresses[peer] = comm->peers_[peer].transport_address;
   }
-  comm->transport_->set_peers(std::move(addresses));
+  std::vector<bool> same_host(nranks);
+  for (int peer = 0; peer < nranks; ++peer)
+    same_host[peer] = comm->peers_[peer].host_hash == self.host_hash;
+  WEFT_RETURN_IF_ERROR(comm->transport_->set_peers(rank, addresses, same_host));
   std::vector<topo::RankPlace> places(nranks);
   for (int peer = 0; peer < nranks; ++peer) {
     const PeerInfo& info = comm->peers_[peer];
@@ -363,7 +366,8 @@ Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, uint64
   op->is_send = false;
   std::lock_guard<std::mutex> lock(transport_mutex_);
   op->request = transport_->acquire();
-  return transport_->post_recv(make_tag(peer, kind, sequence, salt), data, bytes, op->request);
+  return transport_->post_recv(peer, make_tag(peer, kind, sequence, salt), data, bytes,
+                               op->request);
 }
 
 void Communicator::record_call(uint64_t sequence, const CallShape& shape,

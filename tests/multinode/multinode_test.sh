@@ -183,8 +183,9 @@ show_output() {
 }
 
 # Each rank must reach the ranks of other hosts over TCP (weft0) and those of
-# its own host over shared memory: UCX's default choice, read from its debug
-# log ("ep 0x...: lane[i]:  k:tcp/weft0.0 ...").
+# its own host over shared memory, and never through UCX's cma (which aborts a
+# rank whose peer exits mid-transfer), read from UCX's debug log
+# ("ep 0x...: lane[i]:  k:tcp/weft0.0 ...").
 verify_transports() {
   local r q pairs tcp shm want_tcp want_shm
   for r in "${all_ranks[@]}"; do
@@ -196,6 +197,7 @@ verify_transports() {
     pairs=$(sed -nE 's/.*(ep 0x[0-9a-f]+): lane\[[0-9]+\]: +[0-9]+:([a-z0-9_]+)\/.*/\1 \2/p' \
       "$work/rank$r.out" | sort -u)
     [[ -n $pairs ]] || fail "rank $r: UCX logged no endpoint lanes; cannot tell its transports"
+    ! awk '$3 == "cma"' <<<"$pairs" | grep -q . || fail "rank $r: UCX uses cma: $(grep -m1 ':cma/' "$work/rank$r.out")"
     tcp=$(awk '$3 == "tcp" {print $2}' <<<"$pairs" | sort -u)
     shm=$(awk '$3 ~ /^(sysv|posix|xpmem|knem|cma)$/ {print $2}' <<<"$pairs" | sort -u | grep -vxF "$tcp")
     say "rank $r on host-${rank_host[$r]}: $(wc -w <<<"$tcp") endpoints over TCP, $(wc -w <<<"$shm") over shared memory"

@@ -1,5 +1,7 @@
 #include "transports/ucx/ucx_transport.h"
 
+#include <sys/epoll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -56,16 +58,15 @@ Status track(ucs_status_ptr_t posted, Request* request, const char* what) {
 
 namespace {
 
-// One ucp context per process and kind (any peers, or peers of this node only), shared
-// by the communicators' workers: reading UCX's configuration and opening its components
-// is most of what a context costs, and a split would pay it again for every
-// communicator. Kept while some transport holds it; a child forked from the process
-// makes its own.
+// One ucp context per process and kind (network peers, or peers of this node), shared by
+// the communicators' workers: reading UCX's configuration and opening its components is
+// most of what a context costs, and a split would pay it again for every communicator.
+// Kept while some transport holds it; a child forked from the process makes its own.
 std::mutex context_mutex;
-std::weak_ptr<ucp_context> shared_context[2];  // [one_node]
+std::weak_ptr<ucp_context> shared_context[2];  // [kind]
 pid_t shared_context_pid[2] = {0, 0};
 
-Status make_context(bool one_node, std::shared_ptr<ucp_context>* out) {
+Status make_context(bool node, std::shared_ptr<ucp_context>* out) {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return ucx_error("config read", status);
@@ -74,16 +75,16 @@ Status make_context(bool one_node, std::shared_ptr<ucp_context>* out) {
   // parent ucp_init could hang on it. Weft registers nothing with UCX, so it
   // does without the cache. UCX_RCACHE_ENABLE set by the user still wins.
   if (getenv("UCX_RCACHE_ENABLE") == nullptr) (void)ucp_config_modify(config, "RCACHE_ENABLE", "n");
-  // UCX's posix transport reserves receive FIFOs in /dev/shm for every worker
-  // (about 4 MiB each, measured: docs/shared-memory.md), which a container's
-  // 64 MB /dev/shm cannot give to dozens of communicators; its sysv twin moves
-  // messages the same way from SysV memory, outside /dev/shm. UCX_TLS set by
-  // the user still wins.
-  // Peers of this node only: shared memory alone (sysv for messages, cma for
-  // large ones, self for a rank's own), since a worker's network interfaces
-  // (TCP's listening sockets and route lookups, verbs devices) cost half its creation.
+  // Peers of this node: sysv alone (and self), which moves messages from SysV memory,
+  // outside /dev/shm: UCX's posix twin reserves about 4 MiB of FIFOs in /dev/shm per worker
+  // (docs/shared-memory.md), which a container's 64 MB cannot give to dozens of
+  // communicators. Not cma: UCX aborts the process when a CMA read meets a peer that has
+  // exited (docs/reliability.md, "A peer that exits mid-rendezvous"). Network peers: no
+  // shared-memory transport at all, since none reaches them; and a worker's network
+  // interfaces (TCP's listening sockets and route lookups) are half its creation, which
+  // node-only communicators skip. UCX_TLS set by the user still wins.
   if (getenv("UCX_TLS") == nullptr)
-    (void)ucp_config_modify(config, "TLS", one_node ? "self,sysv,cma" : "^posix");
+    (void)ucp_config_modify(config, "TLS", node ? "self,sysv" : "^posix,sysv,cma");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -97,41 +98,132 @@ Status make_context(bool one_node, std::shared_ptr<ucp_context>* out) {
   return Status::Ok();
 }
 
-Status process_context(bool one_node, std::shared_ptr<ucp_context>* out) {
+Status process_context(bool node, std::shared_ptr<ucp_context>* out) {
   std::lock_guard<std::mutex> lock(context_mutex);
-  if (shared_context_pid[one_node] == getpid()) *out = shared_context[one_node].lock();
+  if (shared_context_pid[node] == getpid()) *out = shared_context[node].lock();
   if (*out) return Status::Ok();
   // None alive, or the parent's (inherited by fork, unusable here): a new one.
-  WEFT_RETURN_IF_ERROR(make_context(one_node, out));
-  shared_context[one_node] = *out;
-  shared_context_pid[one_node] = getpid();
+  WEFT_RETURN_IF_ERROR(make_context(node, out));
+  shared_context[node] = *out;
+  shared_context_pid[node] = getpid();
   return Status::Ok();
+}
+
+// The IPC namespace's inode: UCX's sysv reaches only peers that share it, which the same
+// host name and boot id do not guarantee (containers with the host's name).
+uint64_t ipc_namespace() {
+  struct stat ns {};
+  return stat("/proc/self/ns/ipc", &ns) == 0 ? uint64_t(ns.st_ino) : 0;
+}
+
+// A rank's transport address: its IPC namespace, then each worker's UCX address (empty for
+// a worker it did not open), each behind its length.
+struct Address {
+  uint64_t ipc_namespace = 0;
+  std::vector<uint8_t> workers[2];  // [kind]
+};
+
+template <typename T>
+void append(std::vector<uint8_t>* out, T value) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&value);
+  out->insert(out->end(), bytes, bytes + sizeof(value));
+}
+
+template <typename T>
+bool take(const std::vector<uint8_t>& in, size_t* at, T* value) {
+  if (in.size() - *at < sizeof(T)) return false;
+  std::memcpy(value, in.data() + *at, sizeof(T));
+  *at += sizeof(T);
+  return true;
+}
+
+std::vector<uint8_t> encode(const Address& address) {
+  std::vector<uint8_t> out;
+  append(&out, address.ipc_namespace);
+  for (const std::vector<uint8_t>& worker : address.workers) {
+    append(&out, uint32_t(worker.size()));
+    out.insert(out.end(), worker.begin(), worker.end());
+  }
+  return out;
+}
+
+bool decode(const std::vector<uint8_t>& in, Address* address) {
+  size_t at = 0;
+  if (!take(in, &at, &address->ipc_namespace)) return false;
+  for (std::vector<uint8_t>& worker : address->workers) {
+    uint32_t length = 0;
+    if (!take(in, &at, &length) || in.size() - at < length) return false;
+    worker.assign(in.begin() + at, in.begin() + at + length);
+    at += length;
+  }
+  return at == in.size();
 }
 
 }  // namespace
 
-Status Transport::create(bool one_node, std::unique_ptr<Transport>* out) {
-  std::unique_ptr<Transport> transport(new Transport());
-  WEFT_RETURN_IF_ERROR(process_context(one_node, &transport->context_));
-  ucs_status_t status = UCS_OK;
-
+Status Transport::open_worker(Kind kind) {
+  WEFT_RETURN_IF_ERROR(process_context(kind == kNode, &contexts_[kind]));
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
   // Serialized: the caller guarantees one thread at a time (the communicator's lock).
   worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   worker_params.events = UCP_WAKEUP_TAG_SEND | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
-  status = ucp_worker_create(transport->context_.get(), &worker_params, &transport->worker_);
+  ucs_status_t status = ucp_worker_create(contexts_[kind].get(), &worker_params, &workers_[kind]);
   if (status != UCS_OK) return ucx_error("worker create", status);
-  status = ucp_worker_get_efd(transport->worker_, &transport->event_fd_);
-  if (status != UCS_OK) return ucx_error("worker event fd", status);
+  return Status::Ok();
+}
 
-  ucp_address_t* address = nullptr;
-  size_t length = 0;
-  status = ucp_worker_get_address(transport->worker_, &address, &length);
-  if (status != UCS_OK) return ucx_error("worker address", status);
-  const auto* bytes = reinterpret_cast<const uint8_t*>(address);
-  transport->address_.assign(bytes, bytes + length);
-  ucp_worker_release_address(transport->worker_, address);
+void Transport::close_worker(Kind kind) {
+  if (workers_[kind] != nullptr) ucp_worker_destroy(workers_[kind]);
+  workers_[kind] = nullptr;
+  contexts_[kind].reset();
+}
+
+// Points event_fd_ at the one kept worker's fd, or at an epoll set of both.
+Status Transport::watch_workers() {
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  epoll_fd_ = -1;
+  int fds[2] = {-1, -1};
+  for (Kind kind : {kNetwork, kNode}) {
+    if (workers_[kind] == nullptr) continue;
+    ucs_status_t status = ucp_worker_get_efd(workers_[kind], &fds[kind]);
+    if (status != UCS_OK) return ucx_error("worker event fd", status);
+  }
+  if (fds[kNetwork] < 0 || fds[kNode] < 0) {
+    event_fd_ = fds[kNetwork] >= 0 ? fds[kNetwork] : fds[kNode];
+    return Status::Ok();
+  }
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) return Error(weftSystemError, "epoll_create1 failed: %s", strerror(errno));
+  for (int fd : fds) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0)
+      return Error(weftSystemError, "epoll_ctl failed: %s", strerror(errno));
+  }
+  event_fd_ = epoll_fd_;
+  return Status::Ok();
+}
+
+Status Transport::create(bool one_node, std::unique_ptr<Transport>* out) {
+  std::unique_ptr<Transport> transport(new Transport());
+  Address address;
+  address.ipc_namespace = ipc_namespace();
+  for (Kind kind : {kNetwork, kNode}) {
+    if (kind == kNetwork && one_node) continue;
+    WEFT_RETURN_IF_ERROR(transport->open_worker(kind));
+    ucp_address_t* worker_address = nullptr;
+    size_t length = 0;
+    ucs_status_t status =
+        ucp_worker_get_address(transport->workers_[kind], &worker_address, &length);
+    if (status != UCS_OK) return ucx_error("worker address", status);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(worker_address);
+    address.workers[kind].assign(bytes, bytes + length);
+    ucp_worker_release_address(transport->workers_[kind], worker_address);
+  }
+  transport->address_ = encode(address);
+  WEFT_RETURN_IF_ERROR(transport->watch_workers());
   *out = std::move(transport);
   return Status::Ok();
 }
@@ -144,12 +236,45 @@ Transport::~Transport() {
   // acknowledgement that completes its rendezvous send) leaves before the
   // worker goes. Bounded, for a peer that stopped listening.
   close_endpoints(false, kCloseFlushMs);
-  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  for (Kind kind : {kNetwork, kNode}) close_worker(kind);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
 }
 
-void Transport::set_peers(std::vector<std::vector<uint8_t>> addresses) {
-  peer_addresses_ = std::move(addresses);
-  endpoints_.assign(peer_addresses_.size(), nullptr);
+Status Transport::set_peers(int rank, const std::vector<std::vector<uint8_t>>& addresses,
+                            const std::vector<bool>& same_host) {
+  Address own;
+  if (!decode(address_, &own)) return Error(weftInternalError, "own UCX address unreadable");
+  const size_t nranks = addresses.size();
+  std::vector<Address> peers(nranks);
+  std::vector<Kind> route(nranks, kNetwork);
+  bool needed[2] = {false, false};
+  for (size_t peer = 0; peer < nranks; ++peer) {
+    if (!decode(addresses[peer], &peers[peer]))
+      return Error(weftRemoteError, "malformed UCX address from rank %zu", peer);
+    if (same_host[peer] && peers[peer].ipc_namespace == own.ipc_namespace) route[peer] = kNode;
+    if (int(peer) != rank) needed[route[peer]] = true;
+  }
+  // This rank itself: whichever worker is kept (the node's, when neither is needed).
+  Kind kept_alone = needed[kNode] || !needed[kNetwork] ? kNode : kNetwork;
+  if (workers_[kept_alone] == nullptr) kept_alone = kept_alone == kNode ? kNetwork : kNode;
+  peer_addresses_.assign(nranks, {});
+  peer_workers_.assign(nranks, nullptr);
+  endpoints_.assign(nranks, nullptr);
+  for (size_t peer = 0; peer < nranks; ++peer) {
+    const Kind kind = int(peer) == rank ? kept_alone : route[peer];
+    if (peers[peer].workers[kind].empty() || workers_[kind] == nullptr)
+      return Error(weftInvalidUsage,
+                   "rank %zu and this rank disagree on whether they share a node (%s worker "
+                   "missing): were their communicators created the same way?",
+                   peer, kind == kNode ? "shared-memory" : "network");
+    peer_addresses_[peer] = std::move(peers[peer].workers[kind]);
+    peer_workers_[peer] = workers_[kind];
+  }
+  // A worker no peer uses is closed, so that progress and waits touch only the others.
+  needed[kept_alone] = true;
+  for (Kind kind : {kNetwork, kNode})
+    if (!needed[kind]) close_worker(kind);
+  return watch_workers();
 }
 
 Status Transport::endpoint(int peer, ucp_ep_h* out) {
@@ -160,7 +285,7 @@ Status Transport::endpoint(int peer, ucp_ep_h* out) {
     // Peer failures are detected by the bootstrap's control plane, which lets
     // UCX keep its fastest shared-memory paths.
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    ucs_status_t status = ucp_ep_create(worker_, &params, &endpoints_[peer]);
+    ucs_status_t status = ucp_ep_create(peer_workers_[peer], &params, &endpoints_[peer]);
     if (status != UCS_OK) return ucx_error("endpoint create", status);
     WEFT_LOG(TRACE, TRANSPORT, "UCX endpoint to rank %d created", peer);
   }
@@ -173,6 +298,7 @@ Status Transport::post_send(int peer, uint64_t tag, const void* data, size_t byt
   request->done.store(false, std::memory_order_relaxed);
   request->handle = nullptr;
   request->expected_bytes = bytes;
+  request->worker = peer_workers_[peer];
   ucp_ep_h ep = nullptr;
   WEFT_RETURN_IF_ERROR(endpoint(peer, &ep));
   ucp_request_param_t param{};
@@ -185,11 +311,12 @@ Status Transport::post_send(int peer, uint64_t tag, const void* data, size_t byt
                peer);
 }
 
-Status Transport::post_recv(uint64_t tag, void* data, size_t bytes, Request* request) {
+Status Transport::post_recv(int peer, uint64_t tag, void* data, size_t bytes, Request* request) {
   request->done.store(false, std::memory_order_relaxed);
   request->handle = nullptr;
   request->expected_bytes = bytes;
   request->info = {};
+  request->worker = peer_workers_[peer];
   // UCX before 1.16 leaves recv_info unwritten when a receive completes at once (an
   // unexpected message already there: openucx/ucx#9425), so a shorter message than the
   // receive expects went unnoticed. Without immediate completion the callback always runs
@@ -199,7 +326,7 @@ Status Transport::post_recv(uint64_t tag, void* data, size_t bytes, Request* req
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = on_recv_done;
   param.user_data = request;
-  return track(ucp_tag_recv_nbx(worker_, data, bytes, tag, ~ucp_tag_t(0), &param), request,
+  return track(ucp_tag_recv_nbx(request->worker, data, bytes, tag, ~ucp_tag_t(0), &param), request,
                "tag receive");
 }
 
@@ -218,7 +345,9 @@ Status Transport::result(const Request& request, int peer) const {
 }
 
 bool Transport::progress() {
-  bool progressed = ucp_worker_progress(worker_) != 0;
+  bool progressed = false;
+  for (ucp_worker_h worker : workers_)
+    if (worker != nullptr && ucp_worker_progress(worker) != 0) progressed = true;
   // Recycle abandoned requests UCX has now finished with.
   if (progressed && abandoned_ > 0) {
     for (const std::unique_ptr<Request>& request : all_requests_)
@@ -232,7 +361,9 @@ bool Transport::progress() {
 }
 
 bool Transport::arm() {
-  return ucp_worker_arm(worker_) == UCS_OK;
+  for (ucp_worker_h worker : workers_)
+    if (worker != nullptr && ucp_worker_arm(worker) != UCS_OK) return false;
+  return true;
 }
 
 Request* Transport::acquire() {
@@ -257,26 +388,28 @@ void Transport::abandon(Request* request) {
   }
   request->abandoned = true;
   ++abandoned_;
-  if (request->handle != nullptr) ucp_request_cancel(worker_, request->handle);
+  if (request->handle != nullptr) ucp_request_cancel(request->worker, request->handle);
 }
 
 void Transport::close_endpoints(bool force, int64_t timeout_ms) {
-  std::vector<void*> closing;
-  for (ucp_ep_h& ep : endpoints_) {
+  std::vector<std::pair<ucp_worker_h, void*>> closing;
+  for (size_t peer = 0; peer < endpoints_.size(); ++peer) {
+    ucp_ep_h& ep = endpoints_[peer];
     if (ep == nullptr) continue;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request))
+      closing.emplace_back(peer_workers_[peer], request);
     ep = nullptr;
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (void* request : closing) {
+  for (auto [worker, request] : closing) {
     while (ucp_request_check_status(request) == UCS_INPROGRESS &&
            std::chrono::steady_clock::now() < deadline)
-      ucp_worker_progress(worker_);
-    if (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_request_cancel(worker_, request);
+      ucp_worker_progress(worker);
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_request_cancel(worker, request);
     ucp_request_free(request);
   }
 }
