@@ -373,8 +373,10 @@ Status JobRunner::advance(bool* progressed) {
   // Direct jobs skip the transports' cost while they move, but a blocked one
   // progresses them: a peer's earlier transfer may still need this rank's
   // part of the protocol (an acknowledgement) to complete.
+  transfers_moved_ = false;
   if (!in_flight_.empty() || has_transfers_ || direct_bell_ != nullptr)
-    for (Communicator* comm : comms_) comm->progress();
+    for (Communicator* comm : comms_)
+      if (comm->progress() && !in_flight_.empty()) transfers_moved_ = true;
   for (size_t i = 0; i < in_flight_.size();) {
     InFlight& entry = in_flight_[i];
     if (!entry.op.request->done.load(std::memory_order_acquire)) {
@@ -508,6 +510,10 @@ Status run_jobs(std::span<Job> jobs) {
       Status status = loop.timeout(runner.timeout_ms(), runner.describe_waits());
       runner.abandon();
       return status;
+    }
+    if (runner.transfers_moved()) {
+      loop.progressed();
+      continue;
     }
     loop.idle(now, *deadline, runner.doorbell(), runner.direct_waiting());
   }

@@ -133,6 +133,13 @@ class JobRunner {
   // the transports and reaps completions. *progressed says whether anything
   // completed; an error means the run failed (and was abandoned).
   Status advance(bool* progressed);
+  // The last advance moved some transfer's data without completing it (a large message
+  // going fragment by fragment): the caller should not sleep. UCX signals a sleeper when a
+  // message arrives, not when a full shared-memory FIFO has room again, so a sender asleep
+  // there stalled until its wait's slice ended: 4 ranks on 2 cores exchanged 2-32 MiB at
+  // 0.2-7 GB/s from run to run instead of 5-9 (docs/performance.md, "Point-to-point on one
+  // node"). It does not postpone the timeout, which counts from the last completion.
+  bool transfers_moved() const { return transfers_moved_; }
   bool done() const { return unfinished_jobs_ == 0; }
   // Gives up: in-flight transfers are abandoned.
   void abandon();
@@ -187,7 +194,8 @@ class JobRunner {
   int64_t timeout_ms_ = 0;
   uint32_t unfinished_jobs_ = 0;
   shm::Doorbell* direct_bell_ = nullptr;
-  bool has_transfers_ = false;  // some job is not direct
+  bool has_transfers_ = false;    // some job is not direct
+  bool transfers_moved_ = false;  // transfers_moved()
   // Scratch and staging for all jobs of a run, kept across runs.
   std::unique_ptr<std::byte[]> buffer_;
   size_t buffer_bytes_ = 0;

@@ -294,6 +294,11 @@ void StreamEngine::run() {
         if (std::find(comms.begin(), comms.end(), comm) == comms.end()) comms.push_back(comm);
     }
     loop.set_comms(comms);
+    if (std::any_of(active.begin(), active.end(),
+                    [](const Stream::Op* op) { return op->runner->transfers_moved(); })) {
+      loop.progressed();  // data is moving: keep at it instead of sleeping (JobRunner)
+      continue;
+    }
     if (bell != nullptr) {
       std::lock_guard<std::mutex> lock(mutex_);
       sleeping_bell_.store(bell);
