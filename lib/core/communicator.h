@@ -246,11 +246,15 @@ class Communicator {
     void finish(Communicator* comm);
   };
   uint64_t rootless_shrinks_ = 0;  // agreements without the root so far (their tags' salt)
-  // Whether the ranks `rank_of` picks from `members` all share this rank's node.
+  // Whether the ranks `rank_of` picks from `members` all share this rank's node, as the
+  // transport sees it (host and IPC namespace): a child of only such ranks opens no network
+  // transport.
   template <typename Range, typename RankOf>
   bool on_this_node(const Range& members, RankOf rank_of) const {
     for (const auto& member : members)
-      if (peers_[rank_of(member)].host_hash != peers_[rank_].host_hash) return false;
+      if (peers_[rank_of(member)].host_hash != peers_[rank_].host_hash ||
+          !transport_->on_node(rank_of(member)))
+        return false;
     return true;
   }
   template <typename T>

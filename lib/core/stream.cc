@@ -296,7 +296,7 @@ void StreamEngine::run() {
     loop.set_comms(comms);
     if (std::any_of(active.begin(), active.end(),
                     [](const Stream::Op* op) { return op->runner->transfers_moved(); })) {
-      loop.progressed();  // data is moving: keep at it instead of sleeping (JobRunner)
+      loop.progressed();  // data is moving: keep at it instead of idling (JobRunner)
       continue;
     }
     if (bell != nullptr) {

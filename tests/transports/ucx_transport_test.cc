@@ -6,6 +6,8 @@
 // are errors naming the rank.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,14 +51,18 @@ class Ranks {
   }
 
   // Runs `body(rank)` on every rank; true when every body returned true and every rank
-  // exited normally.
+  // exited normally. A rank whose parent dies is killed with it.
   template <typename Body>
   bool run(Body body) {
     pid_t leader = fork();
     if (leader == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       for (int rank = 1; rank < nranks_; ++rank) {
         pid_t pid = fork();
-        if (pid == 0) _exit(body(rank) ? 0 : 1);
+        if (pid == 0) {
+          prctl(PR_SET_PDEATHSIG, SIGKILL);
+          _exit(body(rank) ? 0 : 1);
+        }
         children_.push_back(pid);
       }
       bool ok = body(0);
@@ -87,8 +93,15 @@ class Ranks {
     (void)!write(fd, &length, sizeof(length));
     (void)!write(fd, bytes.data(), length);
   }
+  bool readable(int from, int to) {
+    pollfd fd{pipes_[from * nranks_ + to][0], POLLIN, 0};
+    return poll(&fd, 1, 0) == 1;
+  }
+  // Empty when nothing came within kWaitBound.
   Bytes receive(int from, int to) {
     int fd = pipes_[from * nranks_ + to][0];
+    pollfd readable{fd, POLLIN, 0};
+    if (poll(&readable, 1, int(std::chrono::milliseconds(kWaitBound).count())) != 1) return {};
     uint32_t length = 0;
     if (read(fd, &length, sizeof(length)) != ssize_t(sizeof(length))) return {};
     Bytes bytes(length);
@@ -98,10 +111,6 @@ class Ranks {
       got += size_t(n);
     }
     return bytes;
-  }
-  bool readable(int from, int to) {
-    pollfd fd{pipes_[from * nranks_ + to][0], POLLIN, 0};
-    return poll(&fd, 1, 0) == 1;
   }
 
   // A transport for `rank`, its peers set from every rank's address (exchanged through the
@@ -126,14 +135,16 @@ class Ranks {
 };
 
 // Progresses until `request` is done, sleeping on the event fd when nothing happens; false
-// also when a sleep of 5 s ends without an event (the fd missed a worker's events).
+// also when a sleep of 5 s ends without an event though there was work to progress (the fd
+// missed a worker's events).
 bool wait_done(Transport& transport, const Request& request, int rank) {
   const Clock::time_point deadline = Clock::now() + kWaitBound;
   while (!request.done.load(std::memory_order_acquire)) {
     if (!check(Clock::now() < deadline, rank, "a request never completed")) return false;
     if (transport.progress() || !transport.arm()) continue;
     pollfd fd{transport.event_fd(), POLLIN, 0};
-    if (!check(poll(&fd, 1, 5000) == 1, rank, "asleep on the event fd, no event came"))
+    if (poll(&fd, 1, 5000) == 0 &&
+        !check(!transport.progress(), rank, "asleep on the event fd, no event came for work"))
       return false;
   }
   return check(request.status == UCS_OK, rank, ucs_status_string(request.status));
@@ -142,11 +153,11 @@ bool wait_done(Transport& transport, const Request& request, int rank) {
 class PeerExit : public ::testing::TestWithParam<bool> {};
 
 // Rank 1 sends rank 0 a message far above the rendezvous threshold and a small one after
-// it, then exits once rank 0 has the small one, the large one still moving. Rank 0 closes
-// its endpoints at once, as a communicator that learnt of the failure does, while its
-// caller still progresses what it posted. With UCX's cma the next read of the exited
-// process met the closed endpoint and UCX aborted rank 0 (CI's multinode.kill, 1 run in 40;
-// here every run with UCX_TLS=self,sysv,cma); now rank 0 runs on.
+// it, and exits once rank 0 has the small one, the large one unfinished.
+// Rank 0 closes its endpoints at once, as a communicator that learnt of the failure does,
+// while its caller still progresses what it posted. With UCX's cma, rank 0's next read of
+// the exited process made UCX abort rank 0 (CI's multinode.kill, 1 run in 40; here every
+// run with UCX_TLS=self,sysv,cma); now rank 0 runs on.
 TEST_P(PeerExit, APeerThatExitsMidRendezvousLeavesThisRankRunning) {
   const bool one_node = GetParam();
   constexpr size_t kHuge = size_t(64) << 20;
@@ -166,6 +177,7 @@ TEST_P(PeerExit, APeerThatExitsMidRendezvousLeavesThisRankRunning) {
       if (!transport->post_send(0, kLargeTag, large.data(), large.size(), sends[0]).ok() ||
           !transport->post_send(0, kSmallTag, small.data(), small.size(), sends[1]).ok())
         return false;
+      // Progressing (UCX sends the small message from there), until rank 0 says it has it.
       const Clock::time_point deadline = Clock::now() + kWaitBound;
       while (!ranks.readable(0, 1) && Clock::now() < deadline) transport->progress();
       _exit(ranks.readable(0, 1) ? 0 : 1);  // gone, its rendezvous unfinished
@@ -181,6 +193,8 @@ TEST_P(PeerExit, APeerThatExitsMidRendezvousLeavesThisRankRunning) {
     ranks.send(0, 1, Bytes{1});
     ok = ok && wait_done(*transport, *small_recv, rank);
     ok &= check(small == Bytes(8, 0x11), rank, "the small message arrived wrong");
+    ok &= check(!large_recv->done.load(std::memory_order_acquire), rank,
+                "the large message was done before its sender left: nothing tested");
     ranks.send(0, 1, Bytes{1});
     for (int status : ranks.wait_children())
       ok &= check(WIFEXITED(status) && WEXITSTATUS(status) == 0, rank, "rank 1 failed");
@@ -198,8 +212,9 @@ INSTANTIATE_TEST_SUITE_P(Placement, PeerExit, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "OneNode" : "AnyNodes"; });
 
 // Three ranks: 0 and 1 on "this host", 2 on "another" (as the communicator would say). Every
-// rank sends a rendezvous message and a small one to every other; each arrives whole, and a
-// rank asleep on its event fd wakes for either worker's traffic.
+// rank sends a rendezvous message and a small one to every rank, itself included (through
+// the shared-memory worker at ranks 0 and 1, the network one at rank 2); each arrives whole,
+// and a rank asleep on its event fd is woken for the traffic of either of its workers.
 TEST(UcxTransport, PeersOnThisNodeAndOthersAreReachedAndWakeTheRank) {
   constexpr int kRanks = 3;
   constexpr size_t kLarge = size_t(4) << 20;
@@ -214,7 +229,6 @@ TEST(UcxTransport, PeersOnThisNodeAndOthersAreReachedAndWakeTheRank) {
     std::vector<Request*> requests;
     bool ok = true;
     for (int peer = 0; peer < kRanks; ++peer) {
-      if (peer == rank) continue;
       for (size_t bytes : {kLarge, size_t(8)}) {
         // Tags name the sender, as the communicator's do: a worker may hear several peers.
         auto tag = [bytes](int from) { return (bytes == 8 ? kSmallTag : kLargeTag) + 16 * from; };
@@ -232,7 +246,6 @@ TEST(UcxTransport, PeersOnThisNodeAndOthersAreReachedAndWakeTheRank) {
     for (Request* request : requests) ok = ok && wait_done(*transport, *request, rank);
     size_t next = 0;
     for (int peer = 0; peer < kRanks; ++peer) {
-      if (peer == rank) continue;
       for (size_t bytes : {kLarge, size_t(8)}) {
         const Bytes& got = received[next++];
         bool whole = true;
@@ -250,8 +263,8 @@ TEST(UcxTransport, PeersOnThisNodeAndOthersAreReachedAndWakeTheRank) {
 }
 
 // A rank whose transport opened only the shared-memory worker (its communicator said every
-// peer shares its node) and a peer it places on another host: an error naming that rank;
-// and an address that does not parse.
+// peer shares its node) and a peer it places on another host, or in another IPC namespace:
+// an error naming that rank; and an address that does not parse.
 TEST(UcxTransport, PlacementThatDisagreesAndMalformedAddressesAreErrors) {
   Ranks ranks(1);
   EXPECT_TRUE(ranks.run([](int rank) {
@@ -261,6 +274,13 @@ TEST(UcxTransport, PlacementThatDisagreesAndMalformedAddressesAreErrors) {
     Status status =
         node_only->set_peers(0, {node_only->address(), any_nodes->address()}, {true, false});
     bool ok = check(status.code() == weftInvalidUsage, rank, "disagreement: " + status.message());
+    ok &= check(status.message().find("rank 1") != std::string::npos, rank, status.message());
+    // A peer on this host by name and boot id, in another IPC namespace (the address's first
+    // 8 bytes): sysv cannot reach it, so it is the network worker's, which this one lacks.
+    Bytes elsewhere = node_only->address();
+    elsewhere[0] ^= 1;
+    status = node_only->set_peers(0, {node_only->address(), elsewhere}, {true, true});
+    ok &= check(status.code() == weftInvalidUsage, rank, "IPC namespace: " + status.message());
     ok &= check(status.message().find("rank 1") != std::string::npos, rank, status.message());
     Bytes truncated(any_nodes->address().begin(), any_nodes->address().end() - 3);
     status = any_nodes->set_peers(1, {truncated, any_nodes->address()}, {true, true});

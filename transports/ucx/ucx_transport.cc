@@ -61,9 +61,11 @@ namespace {
 // One ucp context per process and kind (network peers, or peers of this node), shared by
 // the communicators' workers: reading UCX's configuration and opening its components is
 // most of what a context costs, and a split would pay it again for every communicator.
-// Kept while some transport holds it; a child forked from the process makes its own.
+// Kept for the process's life once made (a one-node job closes its network worker right
+// after setup, and its next communicator would make the context again); never cleaned up,
+// as abandoned transports are not. A child forked from the process makes its own.
 std::mutex context_mutex;
-std::weak_ptr<ucp_context> shared_context[2];  // [kind]
+auto* const shared_context = new std::shared_ptr<ucp_context>[2];  // [kind]
 pid_t shared_context_pid[2] = {0, 0};
 
 Status make_context(bool node, std::shared_ptr<ucp_context>* out) {
@@ -79,8 +81,8 @@ Status make_context(bool node, std::shared_ptr<ucp_context>* out) {
   // outside /dev/shm: UCX's posix twin reserves about 4 MiB of FIFOs in /dev/shm per worker
   // (docs/shared-memory.md), which a container's 64 MB cannot give to dozens of
   // communicators. Not cma: UCX aborts the process when a CMA read meets a peer that has
-  // exited (docs/reliability.md, "A peer that exits mid-rendezvous"). Network peers: no
-  // shared-memory transport at all, since none reaches them; and a worker's network
+  // exited (docs/reliability.md, "A peer that exits mid-rendezvous"). Network peers: not
+  // posix, sysv or cma, which reach no other node; and a worker's network
   // interfaces (TCP's listening sockets and route lookups) are half its creation, which
   // node-only communicators skip. UCX_TLS set by the user still wins.
   if (getenv("UCX_TLS") == nullptr)
@@ -100,17 +102,21 @@ Status make_context(bool node, std::shared_ptr<ucp_context>* out) {
 
 Status process_context(bool node, std::shared_ptr<ucp_context>* out) {
   std::lock_guard<std::mutex> lock(context_mutex);
-  if (shared_context_pid[node] == getpid()) *out = shared_context[node].lock();
-  if (*out) return Status::Ok();
-  // None alive, or the parent's (inherited by fork, unusable here): a new one.
+  if (shared_context_pid[node] == getpid() && shared_context[node]) {
+    *out = shared_context[node];
+    return Status::Ok();
+  }
+  // None yet, or the parent's (inherited by fork): unusable here, and not this process's to
+  // clean up, so it is left as it is.
+  if (shared_context[node]) (void)new std::shared_ptr<ucp_context>(std::move(shared_context[node]));
   WEFT_RETURN_IF_ERROR(make_context(node, out));
   shared_context[node] = *out;
   shared_context_pid[node] = getpid();
   return Status::Ok();
 }
 
-// The IPC namespace's inode: UCX's sysv reaches only peers that share it, which the same
-// host name and boot id do not guarantee (containers with the host's name).
+// The IPC namespace's inode (0: unknown): UCX's sysv reaches only peers that share it, which
+// the same host name and boot id do not guarantee (containers with the host's name).
 uint64_t ipc_namespace() {
   struct stat ns {};
   return stat("/proc/self/ns/ipc", &ns) == 0 ? uint64_t(ns.st_ino) : 0;
@@ -183,6 +189,7 @@ void Transport::close_worker(Kind kind) {
 Status Transport::watch_workers() {
   if (epoll_fd_ >= 0) close(epoll_fd_);
   epoll_fd_ = -1;
+  event_fd_ = -1;
   int fds[2] = {-1, -1};
   for (Kind kind : {kNetwork, kNode}) {
     if (workers_[kind] == nullptr) continue;
@@ -251,7 +258,8 @@ Status Transport::set_peers(int rank, const std::vector<std::vector<uint8_t>>& a
   for (size_t peer = 0; peer < nranks; ++peer) {
     if (!decode(addresses[peer], &peers[peer]))
       return Error(weftRemoteError, "malformed UCX address from rank %zu", peer);
-    if (same_host[peer] && peers[peer].ipc_namespace == own.ipc_namespace) route[peer] = kNode;
+    if (same_host[peer] && own.ipc_namespace != 0 && peers[peer].ipc_namespace == own.ipc_namespace)
+      route[peer] = kNode;
     if (int(peer) != rank) needed[route[peer]] = true;
   }
   // This rank itself: whichever worker is kept (the node's, when neither is needed).
@@ -260,6 +268,7 @@ Status Transport::set_peers(int rank, const std::vector<std::vector<uint8_t>>& a
   peer_addresses_.assign(nranks, {});
   peer_workers_.assign(nranks, nullptr);
   endpoints_.assign(nranks, nullptr);
+  node_peers_.assign(nranks, false);
   for (size_t peer = 0; peer < nranks; ++peer) {
     const Kind kind = int(peer) == rank ? kept_alone : route[peer];
     if (peers[peer].workers[kind].empty() || workers_[kind] == nullptr)
@@ -269,6 +278,7 @@ Status Transport::set_peers(int rank, const std::vector<std::vector<uint8_t>>& a
                    peer, kind == kNode ? "shared-memory" : "network");
     peer_addresses_[peer] = std::move(peers[peer].workers[kind]);
     peer_workers_[peer] = workers_[kind];
+    node_peers_[peer] = route[peer] == kNode;
   }
   // A worker no peer uses is closed, so that progress and waits touch only the others.
   needed[kept_alone] = true;

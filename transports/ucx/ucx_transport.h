@@ -49,6 +49,10 @@ class Transport {
   Status set_peers(int rank, const std::vector<std::vector<uint8_t>>& addresses,
                    const std::vector<bool>& same_host);
 
+  // After set_peers: whether `peer` is reached through the shared-memory worker (same host
+  // and IPC namespace; this rank itself too).
+  bool on_node(int peer) const { return node_peers_[peer]; }
+
   Status post_send(int peer, uint64_t tag, const void* data, size_t bytes, Request* request);
   Status post_recv(int peer, uint64_t tag, void* data, size_t bytes, Request* request);
   // A completed request's outcome: ok, or an error naming what went wrong.
@@ -90,6 +94,7 @@ class Transport {
   std::vector<uint8_t> address_;
   std::vector<std::vector<uint8_t>> peer_addresses_;  // on the worker that reaches the peer
   std::vector<ucp_worker_h> peer_workers_;
+  std::vector<bool> node_peers_;  // on_node()
   std::vector<ucp_ep_h> endpoints_;
   std::vector<Request*> free_requests_;
   size_t abandoned_ = 0;  // abandoned requests UCX has not finished with
