@@ -15,7 +15,7 @@
 #include <list>
 
 #include "common/log.h"
-#include "core/wire.h"
+#include "common/wire.h"
 
 namespace weft {
 

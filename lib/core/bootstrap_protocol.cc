@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/wire.h"
+#include "common/wire.h"
 
 namespace weft {
 

@@ -13,7 +13,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "core/cuda/device_comm.h"
-#include "core/wire.h"
+#include "common/wire.h"
 
 namespace weft {
 

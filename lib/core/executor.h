@@ -134,13 +134,12 @@ class JobRunner {
   // completed; an error means the run failed (and was abandoned).
   Status advance(bool* progressed);
   // The last advance moved some transfer's data without completing it (a large message
-  // going fragment by fragment): the caller goes on instead of idling (measured against
-  // starting the idle spell over, which yields on an oversubscribed node: 4.0 against 4.7
-  // GB/s at 512 KiB, 4 ranks on 2 cores). UCX signals a sleeper when a message arrives, not when a
-  // full shared-memory FIFO has room again, so a sender asleep there stalled until its wait's slice
-  // ended: 4 ranks on 2 cores exchanged 2-32 MiB at 0.1-7 GB/s from run to run instead of 5-9
-  // (docs/performance.md, "Point-to-point on one node"). It does not postpone the timeout,
-  // which counts from the last completion.
+  // going fragment by fragment): the caller goes on instead of idling. UCX signals a sleeper
+  // when a message arrives, not when a full shared-memory FIFO has room again, so a sender
+  // asleep there stalled until its wait's slice ended: 4 ranks on 2 cores exchanged 2-32 MiB
+  // at 0.1-7 GB/s from run to run instead of 5-9 (docs/performance.md, "Point-to-point on
+  // one node", also for starting the idle spell over instead, which measured slower). It
+  // does not postpone the timeout, which counts from the last completion.
   bool transfers_moved() const { return transfers_moved_; }
   bool done() const { return unfinished_jobs_ == 0; }
   // Gives up: in-flight transfers are abandoned.

@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "core/bootstrap_protocol.h"
 #include "core/communicator.h"
-#include "core/wire.h"
+#include "common/wire.h"
 
 namespace weft {
 

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "common/log.h"
+#include "common/wire.h"
 
 namespace weft::ucx {
 
@@ -123,46 +124,23 @@ uint64_t ipc_namespace() {
 }
 
 // A rank's transport address: its IPC namespace, then each worker's UCX address (empty for
-// a worker it did not open), each behind its length.
+// a worker it did not open).
 struct Address {
   uint64_t ipc_namespace = 0;
   std::vector<uint8_t> workers[2];  // [kind]
 };
 
-template <typename T>
-void append(std::vector<uint8_t>* out, T value) {
-  const auto* bytes = reinterpret_cast<const uint8_t*>(&value);
-  out->insert(out->end(), bytes, bytes + sizeof(value));
-}
-
-template <typename T>
-bool take(const std::vector<uint8_t>& in, size_t* at, T* value) {
-  if (in.size() - *at < sizeof(T)) return false;
-  std::memcpy(value, in.data() + *at, sizeof(T));
-  *at += sizeof(T);
-  return true;
-}
-
 std::vector<uint8_t> encode(const Address& address) {
-  std::vector<uint8_t> out;
-  append(&out, address.ipc_namespace);
-  for (const std::vector<uint8_t>& worker : address.workers) {
-    append(&out, uint32_t(worker.size()));
-    out.insert(out.end(), worker.begin(), worker.end());
-  }
-  return out;
+  WireWriter writer;
+  writer.put(address.ipc_namespace);
+  for (const std::vector<uint8_t>& worker : address.workers) writer.put_blob(worker);
+  return std::move(writer.data());
 }
 
 bool decode(const std::vector<uint8_t>& in, Address* address) {
-  size_t at = 0;
-  if (!take(in, &at, &address->ipc_namespace)) return false;
-  for (std::vector<uint8_t>& worker : address->workers) {
-    uint32_t length = 0;
-    if (!take(in, &at, &length) || in.size() - at < length) return false;
-    worker.assign(in.begin() + at, in.begin() + at + length);
-    at += length;
-  }
-  return at == in.size();
+  WireReader reader(in);
+  return reader.get(&address->ipc_namespace) && reader.get_blob(&address->workers[0]) &&
+         reader.get_blob(&address->workers[1]) && reader.left() == 0;
 }
 
 }  // namespace

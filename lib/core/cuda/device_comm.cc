@@ -15,7 +15,7 @@
 #include "core/communicator.h"
 #include "core/cuda/reduce_launch.h"
 #include "core/socket.h"
-#include "core/wire.h"
+#include "common/wire.h"
 #include "transports/cuda_ipc/fd_exchange.h"
 
 namespace weft::cuda {

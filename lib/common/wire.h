@@ -1,5 +1,5 @@
-// Minimal little-endian serialisation for bootstrap payloads. The reader
-// never trusts lengths: every read checks the bytes left.
+// Minimal little-endian serialisation for bootstrap payloads and transport addresses. The
+// reader never trusts lengths: every read checks the bytes left.
 #pragma once
 
 #include <cstdint>
