@@ -153,6 +153,14 @@ void require(bool ok, const char* what) {
 // (It once hung about one run in 150 under load: the joining child blocked in
 // ucp_init on UCX's memory-event lock; Weft now turns those events off.)
 TEST(LifecycleDeathTest, ForkAfterGetUniqueId) {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer does not hold its allocator's locks across fork, as glibc's
+  // malloc does: a child forked while another thread of the parent allocates inherits a held
+  // lock, and its first allocation of that size waits forever (seen 1 run in 40-80 under
+  // load, with and without the change that first met it in CI; stacks: two child threads
+  // in SizeClassAllocator64::GetFromAllocator on a lock no child thread holds).
+  GTEST_SKIP() << "fork with threads running is not safe under GCC 12's AddressSanitizer";
+#endif
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(fork_after_get_unique_id(), ::testing::ExitedWithCode(0), "");
 }
