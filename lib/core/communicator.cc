@@ -12,8 +12,8 @@
 
 #include "common/env.h"
 #include "common/log.h"
-#include "core/cuda/device_comm.h"
 #include "common/wire.h"
+#include "core/cuda/device_comm.h"
 
 namespace weft {
 
@@ -353,7 +353,7 @@ Status Communicator::post_send(int peer, TagKind kind, uint64_t sequence, uint64
   op->comm = this;
   op->peer = peer;
   op->is_send = true;
-  std::lock_guard<std::mutex> lock(transport_mutex_);
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
   op->request = transport_->acquire();
   return transport_->post_send(peer, make_tag(rank_, kind, sequence, salt), data, bytes,
                                op->request);
@@ -364,7 +364,7 @@ Status Communicator::post_recv(int peer, TagKind kind, uint64_t sequence, uint64
   op->comm = this;
   op->peer = peer;
   op->is_send = false;
-  std::lock_guard<std::mutex> lock(transport_mutex_);
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
   op->request = transport_->acquire();
   return transport_->post_recv(peer, make_tag(peer, kind, sequence, salt), data, bytes,
                                op->request);
@@ -463,22 +463,22 @@ Status Communicator::split(int color, int key, const CommConfig& config,
 }
 
 bool Communicator::progress() {
-  std::lock_guard<std::mutex> lock(transport_mutex_);
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
   return transport_->progress();
 }
 
 bool Communicator::arm() {
-  std::lock_guard<std::mutex> lock(transport_mutex_);
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
   return transport_->arm();
 }
 
 void Communicator::release(ucx::Request* request) {
-  std::lock_guard<std::mutex> lock(transport_mutex_);
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
   transport_->release(request);
 }
 
 void Communicator::abandon(ucx::Request* request) {
-  std::lock_guard<std::mutex> lock(transport_mutex_);
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
   transport_->abandon(request);
 }
 
@@ -615,7 +615,7 @@ void Communicator::fail_everywhere(weftResult_t code, const std::string& message
 
 void Communicator::close_endpoints() {
   // Transfers in flight end with an error at once instead of at their timeout.
-  std::lock_guard<std::mutex> lock(transport_mutex_);
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
   transport_->close_endpoints(true, 0);
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/brief_mutex.h"
 #include "common/status.h"
 #include "core/bootstrap.h"
 #include "core/direct.h"
@@ -319,7 +320,7 @@ class Communicator {
   // Destroyed before the bootstrap and the transport (~Communicator): its watchdog may fail
   // the communicator until then.
   std::unique_ptr<cuda::DeviceComm> device_;
-  std::mutex transport_mutex_;
+  BriefMutex transport_mutex_;  // taken on every post and progress: inline when free
   std::atomic<int> pending_stream_ops_{0};
 };
 

@@ -483,12 +483,32 @@ void assign_direct_tickets(std::span<Job> jobs) {
     if (job.direct != nullptr) job.direct_ticket = job.comm->direct()->issue_ticket();
 }
 
+namespace {
+
+// The calling thread's runner, reused so that a blocking call does not allocate. Reached
+// through a constant-initialised pointer: one access from this shared library is one
+// __tls_get_addr, where a thread-local object with a destructor costs a guard check too.
+thread_local constinit JobRunner* t_runner = nullptr;
+// Frees it as the thread ends, and forgets it: a call made after that (from a later
+// thread-local's destructor, or an atexit handler on the main thread) makes a new one.
+struct RunnerOwner {
+  std::unique_ptr<JobRunner> runner;
+  ~RunnerOwner() { t_runner = nullptr; }
+};
+thread_local RunnerOwner t_runner_owner;
+
+[[gnu::noinline]] JobRunner& make_thread_runner() {
+  t_runner_owner.runner = std::make_unique<JobRunner>();
+  t_runner = t_runner_owner.runner.get();
+  return *t_runner;
+}
+
+}  // namespace
+
 Status run_jobs(std::span<Job> jobs) {
   assign_direct_tickets(jobs);
-  // Reused by the calling thread, so a blocking call does not allocate (bound once: each
-  // thread-local access from a shared library is a call).
-  thread_local JobRunner thread_runner;
-  JobRunner& runner = thread_runner;
+  JobRunner* thread_runner = t_runner;
+  JobRunner& runner = thread_runner != nullptr ? *thread_runner : make_thread_runner();
   runner.start(jobs);
   ProgressLoop loop(runner.comms());
   // A timeout means nothing moved for that long: every completion clears the deadline and

@@ -8,9 +8,7 @@
 
 namespace weft {
 
-thread_local constinit int detail::t_group_depth = 0;
-
-namespace {
+namespace detail {
 
 struct GroupState {
   JobBatch group;  // operations of the open group
@@ -21,19 +19,35 @@ struct GroupState {
   Status first_error;
   // A thread (or the process) ending inside a group drops what the group holds.
   ~GroupState() {
-    if (detail::t_group_depth > 0)
+    if (t_group.depth > 0)
       WEFT_LOG(WARN, INIT,
                "a thread ended inside weftGroupStart (depth %d) without weftGroupEnd: its %zu "
                "queued operation(s) never ran",
-               detail::t_group_depth, group.jobs.size());
+               t_group.depth, group.jobs.size());
+    t_group.state = nullptr;
   }
 };
-thread_local GroupState t_group;
 
-// Each access to t_group from a shared library is a call (__tls_get_addr and the
-// thread-local's init check): the per-call paths take the reference once.
-GroupState& group_state() {
-  return t_group;
+thread_local constinit ThreadGroup t_group{};
+
+}  // namespace detail
+
+namespace {
+
+using detail::GroupState;
+using detail::ThreadGroup;
+
+// Owns the thread's group state, freed as the thread ends; touched only to make it.
+thread_local std::unique_ptr<GroupState> t_group_owner;
+
+[[gnu::noinline]] GroupState& make_group_state(ThreadGroup& thread) {
+  t_group_owner = std::make_unique<GroupState>();
+  thread.state = t_group_owner.get();
+  return *thread.state;
+}
+
+GroupState& group_state(ThreadGroup& thread) {
+  return thread.state != nullptr ? *thread.state : make_group_state(thread);
 }
 
 // Tags are numbered when a batch launches, in call order, so that a call or
@@ -100,34 +114,36 @@ Status launch(JobBatch& batch, Stream* stream) {
 }  // namespace
 
 Status group_start() {
-  GroupState& g = group_state();
-  if (detail::t_group_depth == 0) {
+  ThreadGroup& thread = detail::t_group;
+  GroupState& g = group_state(thread);
+  if (thread.depth == 0) {
     g.first_error = Status::Ok();
     g.group_has_ops = false;
     g.group_stream = nullptr;
   }
-  ++detail::t_group_depth;
+  ++thread.depth;
   return Status::Ok();
 }
 
 void group_record_error(const Status& status) {
   if (!in_group()) return;
-  GroupState& g = group_state();
+  GroupState& g = group_state(detail::t_group);
   if (g.first_error.ok()) g.first_error = status;
 }
 
 size_t group_ops_of(const Communicator* comm) {
   if (!in_group()) return 0;
-  const GroupState& g = group_state();
+  const GroupState& g = group_state(detail::t_group);
   return static_cast<size_t>(std::count_if(g.group.jobs.begin(), g.group.jobs.end(),
                                            [comm](const Job& job) { return job.comm == comm; }));
 }
 
 Status group_end() {
-  GroupState& g = group_state();
-  if (detail::t_group_depth == 0)
+  ThreadGroup& thread = detail::t_group;
+  GroupState& g = group_state(thread);
+  if (thread.depth == 0)
     return Error(weftInvalidUsage, "weftGroupEnd called without a matching weftGroupStart");
-  if (--detail::t_group_depth > 0) return Status::Ok();
+  if (--thread.depth > 0) return Status::Ok();
   if (!g.first_error.ok()) {
     Status error = g.first_error;
     g.first_error = Status::Ok();
@@ -151,8 +167,9 @@ Status launch_direct(Job& job) {
 }
 
 Status begin_submit(Stream* stream, JobBatch** batch) {
-  GroupState& g = group_state();
-  if (detail::t_group_depth == 0) {
+  ThreadGroup& thread = detail::t_group;
+  GroupState& g = group_state(thread);
+  if (thread.depth == 0) {
     g.single.clear();
     g.single_stream = stream;
     *batch = &g.single;
@@ -169,8 +186,9 @@ Status begin_submit(Stream* stream, JobBatch** batch) {
 }
 
 Status finish_submit(const Status& prepared) {
-  GroupState& g = group_state();
-  if (detail::t_group_depth > 0) return prepared;  // errors are recorded by the API layer
+  ThreadGroup& thread = detail::t_group;
+  if (thread.depth > 0) return prepared;  // errors are recorded by the API layer
+  GroupState& g = group_state(thread);
   if (!prepared.ok()) {
     g.single.clear();
     return prepared;

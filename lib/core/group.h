@@ -13,13 +13,19 @@ namespace weft {
 Status group_start();
 Status group_end();
 namespace detail {
-// The calling thread's group nesting depth (apart from the group's state, which is
-// constructed on first use: a constant-initialised int is read without a wrapper call).
-extern thread_local constinit int t_group_depth;
+struct GroupState;
+// The calling thread's group nesting depth and its group's state (made on first use).
+// Constant-initialised and trivially destructible, so that one access from this shared
+// library is one __tls_get_addr: no wrapper call, no guard (a P2P call made several).
+struct ThreadGroup {
+  int depth = 0;
+  GroupState* state = nullptr;
+};
+extern thread_local constinit ThreadGroup t_group;
 }  // namespace detail
 // Whether the calling thread is inside weftGroupStart/End (inline: every call asks).
 inline bool in_group() {
-  return detail::t_group_depth > 0;
+  return detail::t_group.depth > 0;
 }
 // Records an error raised inside a group; group_end reports it.
 void group_record_error(const Status& status);
