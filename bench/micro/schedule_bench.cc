@@ -33,9 +33,9 @@ void build_program(benchmark::State& state, Collective collective, Algorithm alg
     benchmark::DoNotOptimize(program);
   }
   state.counters["steps"] = static_cast<double>(steps);
-  state.counters["ns_per_step"] = benchmark::Counter(
-      static_cast<double>(steps) * state.iterations(),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_step"] =
+      benchmark::Counter(static_cast<double>(steps) * state.iterations(),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void shapes(benchmark::internal::Benchmark* bench) {
@@ -43,13 +43,19 @@ void shapes(benchmark::internal::Benchmark* bench) {
     for (int64_t count : {int64_t{1} << 10, int64_t{1} << 24}) bench->Args({nranks, count});
 }
 
-BENCHMARK_CAPTURE(build_program, allreduce_ring, Collective::AllReduce, Algorithm::Ring)->Apply(shapes);
-BENCHMARK_CAPTURE(build_program, allreduce_tree, Collective::AllReduce, Algorithm::Tree)->Apply(shapes);
-BENCHMARK_CAPTURE(build_program, allreduce_rhd, Collective::AllReduce, Algorithm::Rhd)->Apply(shapes);
+BENCHMARK_CAPTURE(build_program, allreduce_ring, Collective::AllReduce, Algorithm::Ring)
+    ->Apply(shapes);
+BENCHMARK_CAPTURE(build_program, allreduce_tree, Collective::AllReduce, Algorithm::Tree)
+    ->Apply(shapes);
+BENCHMARK_CAPTURE(build_program, allreduce_rhd, Collective::AllReduce, Algorithm::Rhd)
+    ->Apply(shapes);
 BENCHMARK_CAPTURE(build_program, allreduce_rd, Collective::AllReduce, Algorithm::Rd)->Apply(shapes);
-BENCHMARK_CAPTURE(build_program, allgather_bruck, Collective::AllGather, Algorithm::Bruck)->Apply(shapes);
-BENCHMARK_CAPTURE(build_program, alltoall_pairwise, Collective::AllToAll, Algorithm::Pairwise)->Apply(shapes);
-BENCHMARK_CAPTURE(build_program, broadcast_chain, Collective::Broadcast, Algorithm::Chain)->Apply(shapes);
+BENCHMARK_CAPTURE(build_program, allgather_bruck, Collective::AllGather, Algorithm::Bruck)
+    ->Apply(shapes);
+BENCHMARK_CAPTURE(build_program, alltoall_pairwise, Collective::AllToAll, Algorithm::Pairwise)
+    ->Apply(shapes);
+BENCHMARK_CAPTURE(build_program, broadcast_chain, Collective::Broadcast, Algorithm::Chain)
+    ->Apply(shapes);
 
 }  // namespace
 

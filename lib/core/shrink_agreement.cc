@@ -8,9 +8,9 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/wire.h"
 #include "core/bootstrap_protocol.h"
 #include "core/communicator.h"
-#include "common/wire.h"
 
 namespace weft {
 

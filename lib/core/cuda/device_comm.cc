@@ -11,11 +11,11 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "common/wire.h"
 #include "core/bootstrap_protocol.h"
 #include "core/communicator.h"
 #include "core/cuda/reduce_launch.h"
 #include "core/socket.h"
-#include "common/wire.h"
 #include "transports/cuda_ipc/fd_exchange.h"
 
 namespace weft::cuda {
