@@ -336,12 +336,14 @@ TEST(CheckedLanes, RanksThatOnlySentFailTheirNextCall) {
 // lane rounds ahead of its slowest peer), and the next, which first compares rank 1's word of
 // round 1, fails naming rank 1's call. Rank 2 (the root's count) fails by then too.
 TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
-  // The others stay until the root is done (it would find one gone and name that instead).
-  int root_done[2];
-  ASSERT_EQ(pipe(root_done), 0);
+  // Every rank stays until all three are done (one that found a peer gone would name that
+  // instead): rank 2 may lag the root by its whole window, and rank 1 must not leave first.
+  constexpr int kRanks = 3;
+  int done[kRanks][2];
+  for (auto& pipe_fds : done) ASSERT_EQ(pipe(pipe_fds), 0);
   run_ranks(
-      3,
-      [&root_done](const RankContext& context) {
+      kRanks,
+      [&done](const RankContext& context) {
         weftComm_t comm = init_comm(context, kCheckTimeoutMs);
         std::vector<int32_t> data(8, context.rank);
         weftResult_t result = broadcast_rank_1_differs(context, comm, &data);
@@ -366,17 +368,25 @@ TEST(CheckedLanes, ARootRunningAheadFailsWithinItsWindow) {
             EXPECT_LE(calls, static_cast<int>(kLaneWindow)) << message;
           }
         }
-        if (context.rank == 0) {
-          EXPECT_EQ(write(root_done[1], "xx", 2), 2);
-        } else {
-          char byte;
-          EXPECT_EQ(read(root_done[0], &byte, 1), 1);
+        for (int q = 0; q < kRanks; ++q) {
+          if (q != context.rank) {
+            EXPECT_EQ(write(done[q][1], "x", 1), 1);
+          }
+        }
+        char bytes[kRanks - 1];
+        size_t got = 0;
+        while (got < sizeof(bytes)) {
+          const ssize_t n = read(done[context.rank][0], bytes + got, sizeof(bytes) - got);
+          ASSERT_GT(n, 0);
+          got += static_cast<size_t>(n);
         }
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
       },
       checked_options());
-  close(root_done[0]);
-  close(root_done[1]);
+  for (auto& pipe_fds : done) {
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+  }
 }
 
 // The peer that made another call fails and leaves before the rank that only sent calls
