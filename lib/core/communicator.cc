@@ -654,13 +654,26 @@ Status Communicator::shrink(std::span<const int> exclude, const CommConfig& conf
 
 // ------------------------------------------------------------------ waiting
 
+Status Communicator::fail_size_mismatch(int peer, size_t sent, size_t expected) {
+  const Status status = Error(weftInvalidUsage,
+                              "rank %d sent %zu bytes where rank %d's receive expects %zu "
+                              "(mismatched counts or datatypes)",
+                              peer, sent, rank_, expected);
+  fail_everywhere(status.code(), status.message());
+  return failure();
+}
+
+std::optional<size_t> Communicator::probe_p2p(int peer, uint64_t sequence) {
+  std::lock_guard<BriefMutex> lock(transport_mutex_);
+  return transport_->probe(peer, make_tag(peer, TagKind::PointToPoint, sequence));
+}
+
 Status complete_status(const PendingOp& op) {
+  if (!op.is_send && op.request->status == UCS_OK &&
+      op.request->info.length != op.request->expected_bytes)
+    return op.comm->fail_size_mismatch(op.peer, op.request->info.length,
+                                       op.request->expected_bytes);
   Status status = op.comm->request_result(*op.request, op.peer);
-  if (status.ok() && !op.is_send && op.request->info.length != op.request->expected_bytes)
-    status = Error(weftInvalidUsage,
-                   "rank %d sent %zu bytes where rank %d's receive expects %zu (mismatched "
-                   "counts or datatypes)",
-                   op.peer, op.request->info.length, op.comm->rank(), op.request->expected_bytes);
   if (status.ok()) return status;
   // A size only the receiver sees: the peers would wait for it.
   if (status.code() == weftInvalidUsage)

@@ -132,6 +132,12 @@ class Communicator {
   void fail_everywhere(weftResult_t code, const std::string& message);
   // Why the communicator failed (Ok if it did not).
   Status failure() const;
+  // A receive from `peer` of `expected` bytes met a message of `sent`: fails the
+  // communicator everywhere (only this rank sees it) and returns the verdict.
+  Status fail_size_mismatch(int peer, size_t sent, size_t expected);
+  // The length of point-to-point message `sequence` from `peer` if it waits in the transport,
+  // unreceived.
+  std::optional<size_t> probe_p2p(int peer, uint64_t sequence);
 
   // Posts a send/receive of raw bytes tagged for `peer` (make_tag).
   Status post_send(int peer, TagKind kind, uint64_t sequence, uint64_t salt, const void* data,

@@ -46,6 +46,8 @@ constexpr uint64_t kTagMask = (uint64_t{1} << (kRoundShift - 1)) - 1;
 constexpr size_t kLaneSlotBytes = (sizeof(uint64_t) + kLaneBytes + kLine - 1) / kLine * kLine;
 // Reductions run over pieces this large, so the result stays in cache across sources.
 constexpr uint64_t kReduceChunkBytes = 64 << 10;
+// The most ranks on a node whose communicator has point-to-point rings.
+constexpr int kMaxPairRingRanks = 64;
 // Peers' segments kept mapped; beyond that the cache starts afresh.
 constexpr size_t kMaxPeerMappings = 256;
 
@@ -67,6 +69,7 @@ size_t slot_words(int nranks) {
 // fewest slots of each ring, the first ones of their own.
 struct Rings {
   uint64_t announced = 0, lanes = 0;
+  uint64_t pairs = 0;  // point-to-point slots per pair (shm::PairRings), 0: none
 };
 
 Rings rings_for(int nranks, bool short_of_room) {
@@ -76,6 +79,9 @@ Rings rings_for(int nranks, bool short_of_room) {
   rings.announced = 8;
   while (rings.announced < 2 * kLaneWindow && 2 * rings.announced <= fit) rings.announced *= 2;
   rings.lanes = !short_of_room && rings.announced == 2 * kLaneWindow ? kLanes : kShortLanes;
+  // Where /dev/shm is short small sends and receives take the transport, as larger ones do;
+  // so they do beyond kMaxPairRingRanks, where a rank's rings would outgrow 600 KiB.
+  rings.pairs = short_of_room || nranks > kMaxPairRingRanks ? 0 : shm::PairRings::kSlots;
   return rings;
 }
 
@@ -91,10 +97,16 @@ size_t lanes_offset(int nranks, const Rings& rings) {
   return round_up(kControlBytes + rings.announced * slot_words(nranks) * sizeof(uint64_t), kLine);
 }
 
-// What precedes the staging in a rank's segment: the control block, the announcements and
-// the lane slots.
+// Where the point-to-point rings start: after the lane slots.
+size_t pairs_offset(int nranks, const Rings& rings) {
+  return lanes_offset(nranks, rings) + rings.lanes * kLaneSlotBytes;
+}
+
+// What precedes the staging in a rank's segment: the control block, the announcements, the
+// lane slots and the point-to-point rings.
 size_t header_bytes(int nranks, const Rings& rings) {
-  return round_up(lanes_offset(nranks, rings) + rings.lanes * kLaneSlotBytes, kControlBytes);
+  return round_up(pairs_offset(nranks, rings) + shm::PairRings::region_bytes(nranks, rings.pairs),
+                  kControlBytes);
 }
 
 }  // namespace
@@ -403,12 +415,14 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   // By rank: where its staging and its lanes start.
   std::vector<size_t> headers(nranks, header_bytes_);
   std::vector<size_t> lane_offsets(nranks, lanes_offset(nranks, rings));
+  std::vector<size_t> pair_offsets(nranks, pairs_offset(nranks, rings));
   Rings agreed_rings = rings;
 
   std::vector<shm::Segment> segments(nranks);
   if (nranks == 1) {
     WEFT_RETURN_IF_ERROR(shm::Segment::anonymous(total, &segments[0]));
     new (segments[0].data()) Control();  // never announces: no peer would read it
+    shm::PairRings::construct(segments[0].data() + pair_offsets[0], nranks, rings.pairs);
   } else {
     // Stage 1: create, and learn the peers' names (every rank takes part even
     // after a failure, so that no peer waits for it).
@@ -418,11 +432,12 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
       auto* words = reinterpret_cast<std::atomic<uint64_t>*>(segments[rank].data() + kControlBytes);
       for (size_t i = 0; i < rings.announced * slot_words_; ++i)
         new (&words[i]) std::atomic<uint64_t>(0);
+      shm::PairRings::construct(segments[rank].data() + pair_offsets[rank], nranks, rings.pairs);
     }
     // Each name travels after its segment's size and rings: ranks may have sized theirs to
     // different room, and all use the smallest staging and the fewest slots.
     std::vector<std::string> names;
-    const uint64_t own_sizes[3] = {total, rings.announced, rings.lanes};
+    const uint64_t own_sizes[4] = {total, rings.announced, rings.lanes, rings.pairs};
     Status agreed = agree(allgather, created,
                           std::string(reinterpret_cast<const char*>(own_sizes), sizeof(own_sizes)) +
                               segments[rank].name(),
@@ -443,19 +458,22 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     WEFT_RETURN_IF_ERROR(agreed);
     std::vector<uint64_t> totals(nranks);
     for (int q = 0; q < nranks; ++q) {
-      uint64_t sizes[3] = {0, 0, 0};
+      uint64_t sizes[4] = {0, 0, 0, 0};
       if (names[q].size() > sizeof(sizes)) memcpy(sizes, names[q].data(), sizeof(sizes));
-      const Rings theirs{sizes[1], sizes[2]};
+      const Rings theirs{sizes[1], sizes[2], sizes[3]};
       const bool announced_valid = theirs.announced >= 8 && theirs.announced <= 2 * kLaneWindow &&
                                    (theirs.announced & (theirs.announced - 1)) == 0;
-      const bool lanes_valid = theirs.lanes == kLanes || theirs.lanes == kShortLanes;
+      const bool lanes_valid = (theirs.lanes == kLanes || theirs.lanes == kShortLanes) &&
+                               (theirs.pairs == 0 || theirs.pairs == shm::PairRings::kSlots);
       headers[q] = header_bytes(nranks, theirs);
       if (!announced_valid || !lanes_valid || sizes[0] <= headers[q])
         return Error(weftInternalError, "shared memory: rank %d sent a malformed name", q);
       totals[q] = sizes[0];
       lane_offsets[q] = lanes_offset(nranks, theirs);
+      pair_offsets[q] = pairs_offset(nranks, theirs);
       agreed_rings.announced = std::min(agreed_rings.announced, theirs.announced);
       agreed_rings.lanes = std::min(agreed_rings.lanes, theirs.lanes);
+      agreed_rings.pairs = std::min(agreed_rings.pairs, theirs.pairs);
       names[q].erase(0, sizeof(sizes));
       staging_bytes_ = std::min<size_t>(staging_bytes_, totals[q] - headers[q]);
     }
@@ -526,6 +544,13 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     stagings_.push_back(segment + headers[q]);
     lanes_.push_back(reinterpret_cast<LaneSlot*>(segment + lane_offsets[q]));
   }
+  std::vector<std::byte*> pair_regions;
+  std::vector<shm::Doorbell*> bells;
+  for (int q = 0; q < nranks; ++q) {
+    pair_regions.push_back(segments_[q].data() + pair_offsets[q]);
+    bells.push_back(&controls_[q]->bell);
+  }
+  pair_rings_.attach(rank, nranks, agreed_rings.pairs, std::move(pair_regions), std::move(bells));
   announced_mask_ = agreed_rings.announced - 1;
   lane_count_ = agreed_rings.lanes;
   lane_window_ = window_of(agreed_rings);

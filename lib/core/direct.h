@@ -79,6 +79,7 @@
 #include "common/status.h"
 #include "core/registry.h"
 #include "core/timed_choice.h"
+#include "transports/shm/pair_ring.h"
 #include "transports/shm/shm.h"
 
 namespace weft {
@@ -255,6 +256,8 @@ class DirectState {
   // senders at most lane_window() - 1 calls ahead of their peers.
   uint64_t lane_bytes() const { return shared() ? kLaneBytes : 0; }
   uint64_t lane_window() const { return lane_window_; }
+  // Small sends and receives between this node's ranks (none where /dev/shm is short).
+  shm::PairRings& pair_rings() { return pair_rings_; }
   // The window of a communicator of `nranks` ranks on one node with room in /dev/shm.
   static uint64_t lane_window_for(int nranks);
 
@@ -454,6 +457,7 @@ class DirectState {
   std::vector<Control*> controls_;
   std::vector<std::byte*> stagings_;  // by rank: its staging (both halves)
   std::vector<LaneSlot*> lanes_;      // by rank: its lane slots
+  shm::PairRings pair_rings_;
   // Lane slots in use per rank, the fewest any rank made room for (all ranks agree).
   uint64_t lane_count_ = kLanes;
   size_t half_bytes_ = 0;        // staging_bytes_ / 2

@@ -146,6 +146,82 @@ Status check_inputs(const Job& job) {
   return Status::Ok();
 }
 
+// Moves a point-to-point job's ring message if it can; false while it waits (*status: a
+// failure, such as a count that differs from the sender's).
+bool move_by_ring(const Job& job, Status* status) {
+  const algo::Step& step = job.single_step;
+  shm::PairRings& rings = job.comm->direct()->pair_rings();
+  if (step.kind == algo::StepKind::Send)
+    return rings.try_send(step.peer, job.ring_index, job.sequence_base, job.input, step.a.count);
+  size_t sent = 0;
+  switch (rings.try_recv(step.peer, job.ring_index, job.sequence_base, job.output, step.dst.count,
+                         &sent)) {
+    case shm::PairRings::Received::Done:
+      return true;
+    case shm::PairRings::Received::WrongSize:
+      *status = job.comm->fail_size_mismatch(step.peer, sent, step.dst.count);
+      return false;
+    case shm::PairRings::Received::WrongSequence: {
+      char why[320];
+      snprintf(why, sizeof(why),
+               "rank %d sent %zu bytes as another message than the one rank %d's receive of %zu "
+               "bytes expects (its receive %llu from rank %d): an earlier send and receive "
+               "between them had different sizes (mismatched counts or datatypes)",
+               step.peer, sent, job.comm->rank(), step.dst.count,
+               static_cast<unsigned long long>(job.sequence_base), step.peer);
+      job.comm->fail_everywhere(weftInvalidUsage, why);
+      *status = job.comm->failure();
+      return false;
+    }
+    case shm::PairRings::Received::NotYet:
+      break;
+  }
+  return false;
+}
+
+// A receive by the ring whose sender's count sent the message by the transport, named
+// (looked at while idle, instead of waiting out the timeout).
+Status check_crossed(const Job& job) {
+  if (job.single_step.kind != algo::StepKind::Recv) return Status::Ok();
+  if (std::optional<size_t> sent = job.comm->probe_p2p(job.single_step.peer, job.sequence_base))
+    return job.comm->fail_size_mismatch(job.single_step.peer, *sent, job.single_step.dst.count);
+  return Status::Ok();
+}
+
+// What a run waits for, for timeout messages: each distinct wait once, with how many
+// transfers it stands for.
+class Waits {
+ public:
+  void note(bool is_send, int peer) {
+    std::string wait =
+        std::string(is_send ? "send to" : "receive from") + " rank " + std::to_string(peer);
+    auto same = std::find_if(waits_.begin(), waits_.end(),
+                             [&wait](const auto& known) { return known.first == wait; });
+    if (same != waits_.end())
+      ++same->second;
+    else
+      waits_.emplace_back(std::move(wait), 1);
+  }
+  void note(const Job& job) {
+    note(job.single_step.kind == algo::StepKind::Send, job.single_step.peer);
+  }
+  // `what` (a direct job's wait, or ""), then the transfers.
+  std::string describe(std::string what) const {
+    for (const auto& [wait, count] : waits_) {
+      if (what.size() > 200) {
+        what += ", ...";
+        break;
+      }
+      what += (what.empty() ? "" : ", ") + wait;
+      if (count > 1) what += " (" + std::to_string(count) + " transfers)";
+    }
+    return what.empty() ? "local work" : what;
+  }
+
+ private:
+  std::vector<std::pair<std::string, int>> waits_;
+};
+
 // A transfer that failed because a peer called another collective (and left
 // once it found out) reports the mismatch, not the transport's error.
 Status root_cause(const Job& job, const Status& failure) {
@@ -166,6 +242,7 @@ void JobRunner::start(std::span<Job> jobs) {
   jobs_ = jobs;
   if (states_.size() < jobs.size()) states_.resize(jobs.size());
   in_flight_.clear();
+  ring_waiting_.clear();
   comms_.clear();
   unfinished_jobs_ = 0;
   direct_bell_ = nullptr;
@@ -201,7 +278,7 @@ void JobRunner::start(std::span<Job> jobs) {
       reduce::scale(job.math.dtype, state.staged_input, job.input, scalar, job.math.premul_count);
     }
     announce_input(job);
-    has_transfers_ = has_transfers_ || job.direct == nullptr;
+    has_transfers_ = has_transfers_ || (job.direct == nullptr && !job.by_ring);
     if (job.direct != nullptr) {
       state.total = 1;
       state.direct = DirectRun{job.direct_ticket};
@@ -301,6 +378,7 @@ void JobRunner::run_compute(size_t job_index, uint32_t index) {
 void JobRunner::abandon() {
   for (InFlight& entry : in_flight_) entry.op.comm->abandon(entry.op.request);
   in_flight_.clear();
+  ring_waiting_.clear();
   unfinished_jobs_ = 0;
 }
 
@@ -309,27 +387,10 @@ std::string JobRunner::describe_waits() const {
   for (size_t j = 0; j < jobs_.size(); ++j)
     if (jobs_[j].direct != nullptr && states_[j].completed != states_[j].total)
       what = jobs_[j].comm->direct()->describe(states_[j].direct);
-  // Each distinct wait once, with how many transfers it stands for.
-  std::vector<std::pair<std::string, int>> waits;
-  for (const InFlight& entry : in_flight_) {
-    std::string wait = std::string(entry.op.is_send ? "send to" : "receive from") + " rank " +
-                       std::to_string(entry.op.peer);
-    auto same = std::find_if(waits.begin(), waits.end(),
-                             [&wait](const auto& known) { return known.first == wait; });
-    if (same != waits.end())
-      ++same->second;
-    else
-      waits.emplace_back(std::move(wait), 1);
-  }
-  for (const auto& [wait, count] : waits) {
-    if (what.size() > 200) {
-      what += ", ...";
-      break;
-    }
-    what += (what.empty() ? "" : ", ") + wait;
-    if (count > 1) what += " (" + std::to_string(count) + " transfers)";
-  }
-  return what.empty() ? "local work" : what;
+  Waits waits;
+  for (const InFlight& entry : in_flight_) waits.note(entry.op.is_send, entry.op.peer);
+  for (uint32_t job : ring_waiting_) waits.note(jobs_[job]);
+  return waits.describe(std::move(what));
 }
 
 Status JobRunner::advance(bool* progressed) {
@@ -340,6 +401,10 @@ Status JobRunner::advance(bool* progressed) {
     while (!state.ready_comm.empty()) {
       uint32_t index = state.ready_comm.back();
       state.ready_comm.pop_back();
+      if (jobs_[j].by_ring) {
+        ring_waiting_.push_back(static_cast<uint32_t>(j));
+        continue;
+      }
       InFlight entry{static_cast<uint32_t>(j), index, {}};
       Status posted = post_step(j, index, &entry.op);
       if (entry.op.request != nullptr) in_flight_.push_back(entry);
@@ -359,6 +424,7 @@ Status JobRunner::advance(bool* progressed) {
   }
 
   direct_bell_ = nullptr;
+  several_bells_ = false;
   for (size_t j = 0; j < jobs_.size(); ++j) {
     JobState& state = states_[j];
     const Job& job = jobs_[j];
@@ -367,7 +433,24 @@ Status JobRunner::advance(bool* progressed) {
     if (job.comm->direct()->advance(job, input, &state.direct, progressed))
       complete_step(j, 0);
     else
-      direct_bell_ = job.comm->direct()->doorbell();
+      wait_on(job.comm->direct()->doorbell());
+  }
+  for (size_t i = 0; i < ring_waiting_.size();) {
+    const uint32_t j = ring_waiting_[i];
+    Status failed;
+    if (!move_by_ring(jobs_[j], &failed)) {
+      if (!failed.ok()) {
+        abandon();
+        return failed;
+      }
+      wait_on(jobs_[j].comm->direct()->doorbell());
+      ++i;
+      continue;
+    }
+    ring_waiting_[i] = ring_waiting_.back();
+    ring_waiting_.pop_back();
+    complete_step(j, 0);
+    *progressed = true;
   }
 
   // Direct jobs skip the transports' cost while they move, but a blocked one
@@ -419,7 +502,10 @@ Status JobRunner::advance(bool* progressed) {
     *progressed = true;
   }
   if (!*progressed && unfinished_jobs_ > 0) {
-    if (Status mismatch = check_mismatches(); !mismatch.ok()) {
+    Status mismatch = check_mismatches();
+    // The transport's queue is looked at on one idle advance in 16: a wait spins over them.
+    if (mismatch.ok() && (++idle_advances_ & 15) == 0) mismatch = check_crossed_messages();
+    if (!mismatch.ok()) {
       abandon();
       return mismatch;
     }
@@ -457,8 +543,33 @@ Status JobRunner::check_mismatches() {
   return Status::Ok();
 }
 
+Status JobRunner::check_crossed_messages() {
+  for (uint32_t j : ring_waiting_) WEFT_RETURN_IF_ERROR(check_crossed(jobs_[j]));
+  for (const InFlight& entry : in_flight_) {
+    const Job& job = jobs_[entry.job];
+    if (entry.op.is_send || job.tag_kind != TagKind::PointToPoint) continue;
+    const std::optional<size_t> sent =
+        job.comm->direct()->pair_rings().arrived(entry.op.peer, job.ring_index, job.sequence_base);
+    if (sent) return job.comm->fail_size_mismatch(entry.op.peer, *sent, job.single_step.dst.count);
+  }
+  return Status::Ok();
+}
+
 bool JobRunner::settle_sends_to_departed() {
   bool settled = false;
+  for (size_t i = 0; i < ring_waiting_.size();) {
+    const uint32_t j = ring_waiting_[i];
+    const Job& job = jobs_[j];
+    if (job.single_step.kind != algo::StepKind::Send ||
+        !job.comm->peer_left_after(job.single_step.peer, job.tag_kind, job.sequence_base)) {
+      ++i;
+      continue;
+    }
+    ring_waiting_[i] = ring_waiting_.back();
+    ring_waiting_.pop_back();
+    complete_step(j, 0);
+    settled = true;
+  }
   for (size_t i = 0; i < in_flight_.size();) {
     InFlight& entry = in_flight_[i];
     const Job& job = jobs_[entry.job];
@@ -542,15 +653,20 @@ Status run_jobs(std::span<Job> jobs) {
 
 namespace {
 
+constexpr int kTightPolls = 64;  // a few microseconds: ProgressLoop's pure spin
+
+inline void pause_core() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // Polls the direct job alone (the peers' ready words) up to kTightPolls times, pausing the
 // core between polls. Returns true once the job is complete; stops early when it progressed
 // or its communicator failed (the caller's checks return the failure).
 bool poll_direct(DirectState& direct, Job& job, DirectRun* run, bool* progressed) {
-  constexpr int kTightPolls = 64;  // a few microseconds: ProgressLoop's pure spin
   for (int i = 0; i < kTightPolls && job.comm->async_error() == weftSuccess; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    pause_core();
     if (direct.advance(job, job.input, run, progressed)) return true;
     if (*progressed) return false;
   }
@@ -597,6 +713,79 @@ Status run_direct_job(Job& job) {
     spin = loop.spinning();
   }
   return finish_job(job, run.same_call);
+}
+
+bool ring_jobs_only(std::span<const Job> jobs) {
+  if (jobs.empty() || jobs.size() > kMaxRingJobs) return false;
+  for (const Job& job : jobs)
+    if (!job.by_ring || job.comm != jobs.front().comm) return false;
+  return true;
+}
+
+Status run_ring_jobs(std::span<Job> jobs) {
+  Communicator& comm = *jobs.front().comm;
+  DirectState& direct = *comm.direct();
+  uint64_t waiting = jobs.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << jobs.size()) - 1;
+  // Moves every message that can move; whether any did.
+  auto move_all = [&](Status* failed) {
+    bool moved = false;
+    for (uint64_t left = waiting; left != 0 && failed->ok(); left &= left - 1) {
+      const int j = __builtin_ctzll(left);
+      if (!move_by_ring(jobs[j], failed)) continue;
+      waiting &= ~(uint64_t{1} << j);
+      moved = true;
+    }
+    return moved;
+  };
+  Status failed;
+  // A peer that arrived first: done at the first try.
+  if (move_all(&failed); waiting == 0 || !failed.ok()) return failed;
+  Communicator* const comms[] = {&comm};
+  ProgressLoop loop(comms);
+  Deadline deadline{};  // as in run_jobs: nothing moved for the timeout (zero: not waiting)
+  bool spin = !comm.oversubscribed();
+  Clock::time_point next_look{};
+  for (;;) {
+    bool moved = move_all(&failed);
+    // While the wait may spin, the rings alone are polled between the checks below, as a
+    // direct job's words are (run_direct_job).
+    for (int poll = 0; spin && !moved && failed.ok() && poll < kTightPolls; ++poll) {
+      pause_core();
+      moved = move_all(&failed);
+    }
+    WEFT_RETURN_IF_ERROR(failed);
+    if (waiting == 0) return Status::Ok();
+    if (moved) {
+      deadline = Deadline{};
+      loop.progressed();
+      continue;
+    }
+    WEFT_RETURN_IF_ERROR(comm.usable());
+    Clock::time_point now = Clock::now();
+    // As JobRunner: sends to a peer that left having received them are done, and the
+    // transport's queue is looked at once a millisecond.
+    const bool look = now >= next_look;
+    if (look) next_look = now + std::chrono::milliseconds(1);
+    for (uint64_t left = waiting; left != 0; left &= left - 1) {
+      const Job& job = jobs[__builtin_ctzll(left)];
+      if (job.single_step.kind == algo::StepKind::Send &&
+          comm.peer_left_after(job.single_step.peer, job.tag_kind, job.sequence_base))
+        waiting &= ~(left & -left);
+      else if (look)
+        WEFT_RETURN_IF_ERROR(check_crossed(job));
+    }
+    if (waiting == 0) return Status::Ok();
+    comm.progress();  // a peer's earlier transfer may need this rank's part
+    if (deadline == Deadline{}) deadline = now + std::chrono::milliseconds(comm.timeout_ms());
+    if (now >= deadline) {
+      Waits waits;
+      for (uint64_t left = waiting; left != 0; left &= left - 1)
+        waits.note(jobs[__builtin_ctzll(left)]);
+      return loop.timeout(comm.timeout_ms(), waits.describe(""));
+    }
+    loop.idle(now, deadline, direct.doorbell(), true);
+    spin = loop.spinning();
+  }
 }
 
 }  // namespace weft

@@ -64,6 +64,12 @@ struct Job {
   TagKind tag_kind = TagKind::Collective;
   // Tag sequence of message k with a peer: sequence_base + k (set at launch).
   uint64_t sequence_base = 0;
+  // Point-to-point (set at launch): a message that its pair's ring carries
+  // (shm::PairRings::carries) travels there as the pair's ring message `ring_index`; a
+  // receive by the transport records the ring messages from its peer launched before it
+  // (the index its sender would have used, had its count put the message in the ring).
+  bool by_ring = false;
+  uint64_t ring_index = 0;
   // A collective's tag salt: bits of its call's fingerprint (set at launch; make_tag).
   uint64_t tag_salt = 0;
   // A direct (shared-memory) collective, run by the communicator's direct
@@ -154,10 +160,13 @@ class JobRunner {
   const std::vector<Communicator*>& comms() const { return comms_; }
   int64_t timeout_ms() const { return timeout_ms_; }
   std::string describe_waits() const;
-  // When the last advance found only direct jobs waiting for their peers (no
-  // transfer in flight): the doorbell those peers ring, to sleep on.
-  shm::Doorbell* doorbell() const { return in_flight_.empty() ? direct_bell_ : nullptr; }
-  // Whether direct jobs wait for peers (nothing but the doorbell announces them).
+  // When the last advance found only direct jobs and ring messages waiting for their peers
+  // (no transfer in flight): the doorbell those peers ring, to sleep on.
+  shm::Doorbell* doorbell() const {
+    return in_flight_.empty() && !several_bells_ ? direct_bell_ : nullptr;
+  }
+  // Whether direct jobs or ring messages wait for peers (nothing but the doorbell announces
+  // them).
   bool direct_waiting() const { return direct_bell_ != nullptr; }
 
  private:
@@ -178,6 +187,9 @@ class JobRunner {
     uint32_t step;
     PendingOp op;
   };
+  // While idle: a receive whose sender's count put the message on the other way (the ring
+  // or the transport) is named instead of waiting out the timeout.
+  Status check_crossed_messages();
 
   void start_program(size_t job);
   Status next_stage(size_t job);
@@ -191,10 +203,19 @@ class JobRunner {
   std::span<Job> jobs_;
   std::vector<JobState> states_;
   std::vector<InFlight> in_flight_;
+  std::vector<uint32_t> ring_waiting_;  // jobs whose ring message has not moved yet
+  uint32_t idle_advances_ = 0;          // check_crossed_messages runs on one in 16
   std::vector<Communicator*> comms_;
   int64_t timeout_ms_ = 0;
   uint32_t unfinished_jobs_ = 0;
+  // A doorbell that waiting direct jobs or ring messages need rung, and whether they wait on
+  // several (communicators): then none is slept on (the sleeps are short instead).
+  void wait_on(shm::Doorbell* bell) {
+    several_bells_ = several_bells_ || (direct_bell_ != nullptr && direct_bell_ != bell);
+    direct_bell_ = bell;
+  }
   shm::Doorbell* direct_bell_ = nullptr;
+  bool several_bells_ = false;
   bool has_transfers_ = false;    // some job is not direct
   bool transfers_moved_ = false;  // transfers_moved()
   // Scratch and staging for all jobs of a run, kept across runs.
@@ -213,5 +234,13 @@ Status run_jobs(std::span<Job> jobs);
 // Runs one direct job (numbered, announced) to completion in the calling thread, without a
 // JobRunner: the same waits, mismatch checks and timeout as run_jobs.
 Status run_direct_job(Job& job);
+
+// The blocking fast path of point-to-point calls: whether `jobs` (launched) are all messages
+// that their pairs' rings carry, on one communicator, and at most kMaxRingJobs.
+inline constexpr size_t kMaxRingJobs = 64;
+bool ring_jobs_only(std::span<const Job> jobs);
+// Runs such jobs to completion in the calling thread, without a JobRunner: the same waits,
+// checks and timeout as run_jobs.
+Status run_ring_jobs(std::span<Job> jobs);
 
 }  // namespace weft

@@ -68,10 +68,16 @@ void assign_sequences(JobBatch& batch) {
     if (job.tag_kind == TagKind::Collective) {
       assign_collective_sequence(job);
     } else {
-      int peer = job.single_step.peer;
-      job.sequence_base = job.single_step.kind == algo::StepKind::Send
-                              ? job.comm->next_p2p_send_sequence(peer)
-                              : job.comm->next_p2p_recv_sequence(peer);
+      const algo::Step& step = job.single_step;
+      const bool send = step.kind == algo::StepKind::Send;
+      job.sequence_base = send ? job.comm->next_p2p_send_sequence(step.peer)
+                               : job.comm->next_p2p_recv_sequence(step.peer);
+      shm::PairRings& rings = job.comm->direct()->pair_rings();
+      job.by_ring = rings.carries((send ? step.a.count : step.dst.count) * job.math.element_size);
+      job.ring_index = job.by_ring
+                           ? (send ? rings.next_send(step.peer) : rings.next_recv(step.peer))
+                       : send ? 0
+                              : rings.launched_from(step.peer);
     }
   }
 }
@@ -106,7 +112,7 @@ Status launch(JobBatch& batch, Stream* stream) {
     batch.clear();
     return Status::Ok();
   }
-  Status status = run_jobs(batch.jobs);
+  Status status = ring_jobs_only(batch.jobs) ? run_ring_jobs(batch.jobs) : run_jobs(batch.jobs);
   batch.clear();
   return status;
 }

@@ -175,6 +175,141 @@ TEST(P2P, ShortSendIsAMismatchError) {
   });
 }
 
+// Sizes on both sides of the largest message the shared-memory rings carry (512 bytes), so
+// that consecutive messages to one peer take different ways.
+constexpr size_t kMixedSizes[] = {8, 600, 0, 512, 513, 4096, 1, 300000, 64, 511};
+
+// Messages to one peer that take the ring and the transport in turn arrive in order, each
+// whole, sent one call at a time and all in one group, received either way.
+TEST(P2P, RingAndTransportMessagesKeepTheirOrder) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 60000);
+    for (bool grouped : {false, true}) {
+      std::vector<std::vector<uint8_t>> buffers;
+      for (size_t i = 0; i < std::size(kMixedSizes); ++i)
+        buffers.push_back(context.rank == 0
+                              ? payload(static_cast<int>(i), weftUint8, kMixedSizes[i])
+                              : std::vector<uint8_t>(kMixedSizes[i], 0xEE));
+      if (grouped) {
+        ASSERT_EQ(weftGroupStart(), weftSuccess);
+      }
+      for (std::vector<uint8_t>& buffer : buffers)
+        ASSERT_EQ(context.rank == 0
+                      ? weftSend(buffer.data(), buffer.size(), weftUint8, 1, comm, nullptr)
+                      : weftRecv(buffer.data(), buffer.size(), weftUint8, 0, comm, nullptr),
+                  weftSuccess)
+            << weftGetLastError(comm);
+      if (grouped) {
+        ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+      }
+      for (size_t i = 0; i < buffers.size(); ++i)
+        ASSERT_EQ(buffers[i], payload(static_cast<int>(i), weftUint8, kMixedSizes[i]))
+            << "message " << i << " of " << kMixedSizes[i] << " bytes, grouped " << grouped;
+    }
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+// Each rank sends many small messages to every peer (itself too), more than a pair's ring
+// has slots, and receives as many, in one group: the senders wait for room while their
+// receivers take. Groups of up to 64 such messages take the blocking fast path, larger ones
+// the executor.
+TEST_P(GroupRing, ManySmallMessagesInOneGroup) {
+  run_ranks(GetParam(), [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 60000);
+    for (int kMessages : {10, 50}) {
+      const int n = context.nranks;
+      // A group reads its send buffers when it ends: all of them live until then.
+      std::vector<std::vector<uint8_t>> outgoing(kMessages), incoming(n * kMessages);
+      for (int m = 0; m < kMessages; ++m)
+        outgoing[m] = payload(context.rank * 100 + m, weftInt32, 1 + m % 9);
+      ASSERT_EQ(weftGroupStart(), weftSuccess);
+      for (int m = 0; m < kMessages; ++m)
+        for (int q = 0; q < n; ++q) {
+          ASSERT_EQ(weftSend(outgoing[m].data(), 1 + m % 9, weftInt32, q, comm, nullptr),
+                    weftSuccess);
+          incoming[q * kMessages + m].assign(outgoing[m].size(), 0xEE);
+          ASSERT_EQ(
+              weftRecv(incoming[q * kMessages + m].data(), 1 + m % 9, weftInt32, q, comm, nullptr),
+              weftSuccess);
+        }
+      ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+      for (int q = 0; q < n; ++q)
+        for (int m = 0; m < kMessages; ++m)
+          ASSERT_EQ(incoming[q * kMessages + m], payload(q * 100 + m, weftInt32, 1 + m % 9))
+              << "message " << m << " from rank " << q;
+    }
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+// Rank 0 sends 40 small messages in one group (the fast path), more than its ring to rank 1
+// has slots, and rank 1 receives them in one group.
+TEST(P2P, GroupedSendsBeyondTheSlotsWaitForRoom) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 60000);
+    const int kMessages = 40;
+    std::vector<int64_t> values(kMessages);
+    for (int m = 0; m < kMessages; ++m) values[m] = context.rank == 0 ? m * 1000 + 7 : -1;
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    for (int64_t& value : values)
+      ASSERT_EQ(context.rank == 0 ? weftSend(&value, 1, weftInt64, 1, comm, nullptr)
+                                  : weftRecv(&value, 1, weftInt64, 0, comm, nullptr),
+                weftSuccess);
+    ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+    for (int m = 0; m < kMessages; ++m) ASSERT_EQ(values[m], m * 1000 + 7) << "message " << m;
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+// A receive whose count puts the message on the other way than its sender's (one in the
+// ring, one by the transport) is a mismatch error, found while waiting, not at the timeout.
+TEST(P2P, CountsOnEitherSideOfTheRingAreAMismatchError) {
+  for (const auto& [sent, expected] : {std::pair<size_t, size_t>{8, 4096}, {4096, 8}}) {
+    run_ranks(2, [sent, expected](const RankContext& context) {
+      weftComm_t comm = init_comm(context, 120000);
+      std::vector<uint8_t> buffer(4096, 1);
+      if (context.rank == 0) {
+        const weftResult_t result = weftSend(buffer.data(), sent, weftUint8, 1, comm, nullptr);
+        // The send may complete before the receiver finds out, or fail with its verdict.
+        EXPECT_TRUE(result == weftSuccess || result == weftRemoteError ||
+                    result == weftInvalidUsage)
+            << weftGetLastError(comm);
+      } else {
+        EXPECT_EQ(weftRecv(buffer.data(), expected, weftUint8, 0, comm, nullptr), weftInvalidUsage)
+            << "sent " << sent << ", expected " << expected;
+        const std::string error = weftGetLastError(comm);
+        EXPECT_NE(error.find("rank 0 sent " + std::to_string(sent) + " bytes"), std::string::npos)
+            << error;
+        EXPECT_NE(error.find("mismatched counts"), std::string::npos) << error;
+      }
+      weftCommDestroy(comm);
+    });
+  }
+}
+
+// Two messages whose counts put them on other ways at the two ranks (600 bytes by the
+// transport then 8 in the ring, received as 8 then 600): the first receive finds the ring's
+// first message carrying another sequence, and fails instead of taking the second message.
+TEST(P2P, MessagesSwappedBetweenTheWaysAreAMismatchError) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 120000);
+    std::vector<uint8_t> large(600, 3), small(8, 4);
+    if (context.rank == 0) {
+      EXPECT_EQ(weftSend(large.data(), large.size(), weftUint8, 1, comm, nullptr), weftSuccess);
+      const weftResult_t result = weftSend(small.data(), small.size(), weftUint8, 1, comm, nullptr);
+      EXPECT_TRUE(result == weftSuccess || result == weftRemoteError) << weftGetLastError(comm);
+    } else {
+      std::vector<uint8_t> received(8, 0xEE);
+      EXPECT_EQ(weftRecv(received.data(), 8, weftUint8, 0, comm, nullptr), weftInvalidUsage);
+      const std::string error = weftGetLastError(comm);
+      EXPECT_NE(error.find("mismatched counts"), std::string::npos) << error;
+      EXPECT_EQ(received, std::vector<uint8_t>(8, 0xEE)) << "took the other message's bytes";
+    }
+    weftCommDestroy(comm);
+  });
+}
+
 class BarrierRanks : public ::testing::TestWithParam<int> {};
 
 // No rank may leave round k before every rank has entered it.

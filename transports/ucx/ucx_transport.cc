@@ -318,6 +318,13 @@ Status Transport::post_recv(int peer, uint64_t tag, void* data, size_t bytes, Re
                "tag receive");
 }
 
+std::optional<size_t> Transport::probe(int peer, uint64_t tag) {
+  ucp_tag_recv_info_t info{};
+  if (ucp_tag_probe_nb(peer_workers_[peer], tag, ~ucp_tag_t(0), 0, &info) == nullptr)
+    return std::nullopt;
+  return info.length;
+}
+
 Status Transport::result(const Request& request, int peer) const {
   if (request.status == UCS_ERR_MESSAGE_TRUNCATED)
     return Error(weftInvalidUsage,

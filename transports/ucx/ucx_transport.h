@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -55,6 +56,9 @@ class Transport {
 
   Status post_send(int peer, uint64_t tag, const void* data, size_t bytes, Request* request);
   Status post_recv(int peer, uint64_t tag, void* data, size_t bytes, Request* request);
+  // The length of a message from `peer` tagged `tag` that arrived with no receive posted for
+  // it yet (left there), if there is one.
+  std::optional<size_t> probe(int peer, uint64_t tag);
   // A completed request's outcome: ok, or an error naming what went wrong.
   Status result(const Request& request, int peer) const;
 
