@@ -514,17 +514,11 @@ Status submit_p2p(const P2PCall& call, Stream* stream) {
                  "peer %d is this rank: a send or receive to self outside weftGroupStart/End "
                  "would wait for itself",
                  call.peer);
+  if (stream == nullptr && call.comm->direct()->pair_rings().carries(call.bytes))
+    return submit_ring_message(call);
   JobBatch* batch = nullptr;
   WEFT_RETURN_IF_ERROR(begin_submit(stream, &batch));
-  // Made in place: a Job is a few hundred bytes, and copying one in was a tenth of the call.
-  Job& job = batch->jobs.emplace_back();
-  job.comm = call.comm;
-  job.single_step.kind = call.is_send ? algo::StepKind::Send : algo::StepKind::Recv;
-  job.single_step.peer = call.peer;
-  algo::Range range{0, call.bytes, call.is_send ? algo::Buf::Input : algo::Buf::Output};
-  (call.is_send ? job.single_step.a : job.single_step.dst) = range;
-  (call.is_send ? job.input : job.output) = static_cast<std::byte*>(call.buffer);
-  job.tag_kind = TagKind::PointToPoint;
+  add_p2p_job(*batch, call);
   return finish_submit(Status::Ok());
 }
 

@@ -146,20 +146,34 @@ Status check_inputs(const Job& job) {
   return Status::Ok();
 }
 
-// Moves a point-to-point job's ring message if it can; false while it waits (*status: a
-// failure, such as a count that differs from the sender's).
-bool move_by_ring(const Job& job, Status* status) {
+// A launched point-to-point job's message, when its pair's ring carries it (Job::by_ring).
+RingMessage ring_message(const Job& job) {
   const algo::Step& step = job.single_step;
-  shm::PairRings& rings = job.comm->direct()->pair_rings();
-  if (step.kind == algo::StepKind::Send)
-    return rings.try_send(step.peer, job.ring_index, job.sequence_base, job.input, step.a.count);
+  const bool send = step.kind == algo::StepKind::Send;
+  return {.comm = job.comm,
+          .data = send ? job.input : job.output,
+          .bytes = send ? step.a.count : step.dst.count,
+          .sequence = job.sequence_base,
+          .index = job.ring_index,
+          .peer = step.peer,
+          .is_send = send};
+}
+
+// Moves a ring message if it can; false while it waits (*status: a failure, such as a count
+// that differs from the sender's).
+bool move_by_ring(const RingMessage& message, Status* status) {
+  Communicator& comm = *message.comm;
+  shm::PairRings& rings = comm.direct()->pair_rings();
+  if (message.is_send)
+    return rings.try_send(message.peer, message.index, message.sequence, message.data,
+                          message.bytes);
   size_t sent = 0;
-  switch (rings.try_recv(step.peer, job.ring_index, job.sequence_base, job.output, step.dst.count,
+  switch (rings.try_recv(message.peer, message.index, message.sequence, message.data, message.bytes,
                          &sent)) {
     case shm::PairRings::Received::Done:
       return true;
     case shm::PairRings::Received::WrongSize:
-      *status = job.comm->fail_size_mismatch(step.peer, sent, step.dst.count);
+      *status = comm.fail_size_mismatch(message.peer, sent, message.bytes);
       return false;
     case shm::PairRings::Received::WrongSequence: {
       char why[320];
@@ -167,10 +181,10 @@ bool move_by_ring(const Job& job, Status* status) {
                "rank %d sent %zu bytes as another message than the one rank %d's receive of %zu "
                "bytes expects (its receive %llu from rank %d): an earlier send and receive "
                "between them had different sizes (mismatched counts or datatypes)",
-               step.peer, sent, job.comm->rank(), step.dst.count,
-               static_cast<unsigned long long>(job.sequence_base), step.peer);
-      job.comm->fail_everywhere(weftInvalidUsage, why);
-      *status = job.comm->failure();
+               message.peer, sent, comm.rank(), message.bytes,
+               static_cast<unsigned long long>(message.sequence), message.peer);
+      comm.fail_everywhere(weftInvalidUsage, why);
+      *status = comm.failure();
       return false;
     }
     case shm::PairRings::Received::NotYet:
@@ -181,10 +195,10 @@ bool move_by_ring(const Job& job, Status* status) {
 
 // A receive by the ring whose sender's count sent the message by the transport, named
 // (looked at while idle, instead of waiting out the timeout).
-Status check_crossed(const Job& job) {
-  if (job.single_step.kind != algo::StepKind::Recv) return Status::Ok();
-  if (std::optional<size_t> sent = job.comm->probe_p2p(job.single_step.peer, job.sequence_base))
-    return job.comm->fail_size_mismatch(job.single_step.peer, *sent, job.single_step.dst.count);
+Status check_crossed(const RingMessage& message) {
+  if (message.is_send) return Status::Ok();
+  if (std::optional<size_t> sent = message.comm->probe_p2p(message.peer, message.sequence))
+    return message.comm->fail_size_mismatch(message.peer, *sent, message.bytes);
   return Status::Ok();
 }
 
@@ -202,9 +216,7 @@ class Waits {
     else
       waits_.emplace_back(std::move(wait), 1);
   }
-  void note(const Job& job) {
-    note(job.single_step.kind == algo::StepKind::Send, job.single_step.peer);
-  }
+  void note(const RingMessage& message) { note(message.is_send, message.peer); }
   // `what` (a direct job's wait, or ""), then the transfers.
   std::string describe(std::string what) const {
     for (const auto& [wait, count] : waits_) {
@@ -389,7 +401,7 @@ std::string JobRunner::describe_waits() const {
       what = jobs_[j].comm->direct()->describe(states_[j].direct);
   Waits waits;
   for (const InFlight& entry : in_flight_) waits.note(entry.op.is_send, entry.op.peer);
-  for (uint32_t job : ring_waiting_) waits.note(jobs_[job]);
+  for (uint32_t job : ring_waiting_) waits.note(ring_message(jobs_[job]));
   return waits.describe(std::move(what));
 }
 
@@ -438,7 +450,7 @@ Status JobRunner::advance(bool* progressed) {
   for (size_t i = 0; i < ring_waiting_.size();) {
     const uint32_t j = ring_waiting_[i];
     Status failed;
-    if (!move_by_ring(jobs_[j], &failed)) {
+    if (!move_by_ring(ring_message(jobs_[j]), &failed)) {
       if (!failed.ok()) {
         abandon();
         return failed;
@@ -544,7 +556,7 @@ Status JobRunner::check_mismatches() {
 }
 
 Status JobRunner::check_crossed_messages() {
-  for (uint32_t j : ring_waiting_) WEFT_RETURN_IF_ERROR(check_crossed(jobs_[j]));
+  for (uint32_t j : ring_waiting_) WEFT_RETURN_IF_ERROR(check_crossed(ring_message(jobs_[j])));
   for (const InFlight& entry : in_flight_) {
     const Job& job = jobs_[entry.job];
     if (entry.op.is_send || job.tag_kind != TagKind::PointToPoint) continue;
@@ -597,9 +609,9 @@ void assign_direct_tickets(std::span<Job> jobs) {
 namespace {
 
 // The calling thread's runner, reused so that a blocking call does not allocate. Reached
-// through a constant-initialised pointer: one access from this shared library is one
-// __tls_get_addr, where a thread-local object with a destructor costs a guard check too.
-thread_local constinit JobRunner* t_runner = nullptr;
+// through a constant-initialised, initial-exec pointer (as detail::t_group): one load,
+// where a thread-local object with a destructor costs a __tls_get_addr and a guard check.
+thread_local constinit JobRunner* t_runner [[gnu::tls_model("initial-exec")]] = nullptr;
 // Frees it as the thread ends, and forgets it: a call made after that (from a later
 // thread-local's destructor, or an atexit handler on the main thread) makes a new one.
 struct RunnerOwner {
@@ -715,23 +727,17 @@ Status run_direct_job(Job& job) {
   return finish_job(job, run.same_call);
 }
 
-bool ring_jobs_only(std::span<const Job> jobs) {
-  if (jobs.empty() || jobs.size() > kMaxRingJobs) return false;
-  for (const Job& job : jobs)
-    if (!job.by_ring || job.comm != jobs.front().comm) return false;
-  return true;
-}
-
-Status run_ring_jobs(std::span<Job> jobs) {
-  Communicator& comm = *jobs.front().comm;
+Status run_ring_messages(std::span<const RingMessage> messages) {
+  static_assert(kMaxRingMessages <= 64, "one bit of `waiting` per message");
+  Communicator& comm = *messages.front().comm;
   DirectState& direct = *comm.direct();
-  uint64_t waiting = jobs.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << jobs.size()) - 1;
+  uint64_t waiting = messages.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << messages.size()) - 1;
   // Moves every message that can move; whether any did.
   auto move_all = [&](Status* failed) {
     bool moved = false;
     for (uint64_t left = waiting; left != 0 && failed->ok(); left &= left - 1) {
       const int j = __builtin_ctzll(left);
-      if (!move_by_ring(jobs[j], failed)) continue;
+      if (!move_by_ring(messages[j], failed)) continue;
       waiting &= ~(uint64_t{1} << j);
       moved = true;
     }
@@ -767,12 +773,12 @@ Status run_ring_jobs(std::span<Job> jobs) {
     const bool look = now >= next_look;
     if (look) next_look = now + std::chrono::milliseconds(1);
     for (uint64_t left = waiting; left != 0; left &= left - 1) {
-      const Job& job = jobs[__builtin_ctzll(left)];
-      if (job.single_step.kind == algo::StepKind::Send &&
-          comm.peer_left_after(job.single_step.peer, job.tag_kind, job.sequence_base))
+      const RingMessage& message = messages[__builtin_ctzll(left)];
+      if (message.is_send &&
+          comm.peer_left_after(message.peer, TagKind::PointToPoint, message.sequence))
         waiting &= ~(left & -left);
       else if (look)
-        WEFT_RETURN_IF_ERROR(check_crossed(job));
+        WEFT_RETURN_IF_ERROR(check_crossed(message));
     }
     if (waiting == 0) return Status::Ok();
     comm.progress();  // a peer's earlier transfer may need this rank's part
@@ -780,7 +786,7 @@ Status run_ring_jobs(std::span<Job> jobs) {
     if (now >= deadline) {
       Waits waits;
       for (uint64_t left = waiting; left != 0; left &= left - 1)
-        waits.note(jobs[__builtin_ctzll(left)]);
+        waits.note(messages[__builtin_ctzll(left)]);
       return loop.timeout(comm.timeout_ms(), waits.describe(""));
     }
     loop.idle(now, deadline, direct.doorbell(), true);

@@ -235,12 +235,22 @@ Status run_jobs(std::span<Job> jobs);
 // JobRunner: the same waits, mismatch checks and timeout as run_jobs.
 Status run_direct_job(Job& job);
 
-// The blocking fast path of point-to-point calls: whether `jobs` (launched) are all messages
-// that their pairs' rings carry, on one communicator, and at most kMaxRingJobs.
-inline constexpr size_t kMaxRingJobs = 64;
-bool ring_jobs_only(std::span<const Job> jobs);
-// Runs such jobs to completion in the calling thread, without a JobRunner: the same waits,
-// checks and timeout as run_jobs.
-Status run_ring_jobs(std::span<Job> jobs);
+// A point-to-point message that its pair's ring carries (shm::PairRings::carries), as the
+// blocking fast path runs it: no Job, no JobRunner. `sequence` (the pair's point-to-point
+// sequence, as Job::sequence_base) and `index` (its ring index) are set at launch.
+struct RingMessage {
+  Communicator* comm = nullptr;
+  std::byte* data = nullptr;
+  size_t bytes = 0;
+  uint64_t sequence = 0;
+  uint64_t index = 0;
+  int peer = -1;
+  bool is_send = false;
+};
+// The most messages one run_ring_messages takes (a group with more runs as jobs).
+inline constexpr size_t kMaxRingMessages = 64;
+// Runs launched messages of one communicator, kMaxRingMessages at most, to completion in the
+// calling thread: the same waits, checks and timeout as run_jobs.
+Status run_ring_messages(std::span<const RingMessage> messages);
 
 }  // namespace weft

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "support/expect_error.h"
 #include "support/multirank.h"
 #include "weft/weft.h"
 
@@ -307,6 +308,139 @@ TEST(P2P, MessagesSwappedBetweenTheWaysAreAMismatchError) {
       EXPECT_EQ(received, std::vector<uint8_t>(8, 0xEE)) << "took the other message's bytes";
     }
     weftCommDestroy(comm);
+  });
+}
+
+// What a group may hold after its small messages (which it keeps apart from jobs until
+// something else joins): a collective, a message the ring does not carry, or another
+// communicator's small messages. Every operation still runs, in call order.
+enum class Joins { SmallMessage, OtherCommSmallMessage, LargeMessage, AllReduce };
+
+TEST_P(GroupRing, HeldMessagesJoinWhatFollowsThem) {
+  run_ranks(GetParam(), [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 60000), other = nullptr;
+    ASSERT_EQ(weftCommSplit(comm, 0, context.rank, &other, nullptr), weftSuccess)
+        << weftGetLastError(comm);
+    const int n = context.nranks;
+    const int right = (context.rank + 1) % n, left = (context.rank + n - 1) % n;
+    using enum Joins;
+    const std::vector<std::vector<Joins>> groups = {
+        {SmallMessage, AllReduce, SmallMessage},
+        {SmallMessage, LargeMessage, SmallMessage},
+        {SmallMessage, OtherCommSmallMessage, SmallMessage},
+        {OtherCommSmallMessage, SmallMessage},
+        {AllReduce, SmallMessage, SmallMessage}};
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::vector<Joins>& ops = groups[g];
+      // A group reads and writes its buffers when it ends: all of them live until then.
+      std::vector<std::vector<uint8_t>> outgoing(ops.size()), incoming(ops.size());
+      std::vector<int32_t> sums(ops.size() * 7);
+      ASSERT_EQ(weftGroupStart(), weftSuccess);
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const int seed = static_cast<int>(g * 10 + i);
+        if (ops[i] == AllReduce) {
+          for (int k = 0; k < 7; ++k) sums[i * 7 + k] = context.rank * 3 + k + seed;
+          ASSERT_EQ(weftAllReduce(&sums[i * 7], &sums[i * 7], 7, weftInt32, weftSum, comm, nullptr),
+                    weftSuccess);
+          continue;
+        }
+        const size_t count = ops[i] == LargeMessage ? 600 : 40 + i;
+        weftComm_t on = ops[i] == OtherCommSmallMessage ? other : comm;
+        outgoing[i] = payload(context.rank * 100 + seed, weftUint8, count);
+        incoming[i].assign(count, 0xEE);
+        ASSERT_EQ(weftSend(outgoing[i].data(), count, weftUint8, right, on, nullptr), weftSuccess);
+        ASSERT_EQ(weftRecv(incoming[i].data(), count, weftUint8, left, on, nullptr), weftSuccess);
+      }
+      ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const int seed = static_cast<int>(g * 10 + i);
+        if (ops[i] == AllReduce) {
+          for (int k = 0; k < 7; ++k)
+            ASSERT_EQ(sums[i * 7 + k], 3 * n * (n - 1) / 2 + n * (k + seed))
+                << "group " << g << ", operation " << i << ", element " << k;
+          continue;
+        }
+        ASSERT_EQ(incoming[i], payload(left * 100 + seed, weftUint8, incoming[i].size()))
+            << "group " << g << ", operation " << i;
+      }
+    }
+    EXPECT_EQ(weftCommDestroy(other), weftSuccess);
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+// Held messages keep their place ahead of what joins the group: rank 0 sends 8, 600 and 8
+// bytes in one group (the first held, then turned into a job ahead of the second), rank 1
+// receives them one blocking call at a time in that order. Numbered in another order, a
+// receive would find its message carrying another sequence and fail.
+TEST(P2P, HeldMessagesKeepTheirPlaceAheadOfWhatJoins) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 60000);
+    const size_t sizes[] = {8, 600, 8};
+    std::vector<std::vector<uint8_t>> buffers;
+    for (size_t i = 0; i < std::size(sizes); ++i)
+      buffers.push_back(context.rank == 0 ? payload(static_cast<int>(i), weftUint8, sizes[i])
+                                          : std::vector<uint8_t>(sizes[i], 0xEE));
+    if (context.rank == 0) {
+      ASSERT_EQ(weftGroupStart(), weftSuccess);
+      for (std::vector<uint8_t>& buffer : buffers)
+        ASSERT_EQ(weftSend(buffer.data(), buffer.size(), weftUint8, 1, comm, nullptr), weftSuccess);
+      ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+    } else {
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        ASSERT_EQ(weftRecv(buffers[i].data(), buffers[i].size(), weftUint8, 0, comm, nullptr),
+                  weftSuccess)
+            << "message " << i << ": " << weftGetLastError(comm);
+        ASSERT_EQ(buffers[i], payload(static_cast<int>(i), weftUint8, sizes[i])) << "message " << i;
+      }
+    }
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+// weftCommDestroy inside a group that holds the communicator's operations (held small
+// messages, or jobs) is refused and counts them; the group then runs.
+TEST(P2P, DestroyInsideAGroupHoldingItsOperationsIsRefused) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 60000);
+    const int peer = 1 - context.rank;
+    for (size_t count : {size_t{8}, size_t{600}}) {
+      std::vector<uint8_t> outgoing = payload(context.rank, weftUint8, count),
+                           incoming(count, 0xEE);
+      ASSERT_EQ(weftGroupStart(), weftSuccess);
+      ASSERT_EQ(weftSend(outgoing.data(), count, weftUint8, peer, comm, nullptr), weftSuccess);
+      ASSERT_EQ(weftRecv(incoming.data(), count, weftUint8, peer, comm, nullptr), weftSuccess);
+      EXPECT_ERROR(weftCommDestroy(comm), weftInvalidUsage, "holds 2 operation(s)");
+      ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+      ASSERT_EQ(incoming, payload(peer, weftUint8, count)) << count << " bytes";
+    }
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+  });
+}
+
+// A group whose small messages use no stream and whose next operation names one is abandoned
+// on every rank, and consumes no message numbers: the next exchange pairs as if it never was.
+TEST(P2P, AGroupMixingStreamsAfterHeldMessagesIsAbandoned) {
+  run_ranks(2, [](const RankContext& context) {
+    weftComm_t comm = init_comm(context, 60000);
+    weftStream_t stream = nullptr;
+    ASSERT_EQ(weftStreamCreate(&stream), weftSuccess);
+    const int peer = 1 - context.rank;
+    std::vector<uint8_t> abandoned = payload(context.rank + 50, weftUint8, 16),
+                         outgoing = payload(context.rank, weftUint8, 16), incoming(16, 0xEE);
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    ASSERT_EQ(weftSend(abandoned.data(), 16, weftUint8, peer, comm, nullptr), weftSuccess);
+    EXPECT_ERROR(weftRecv(incoming.data(), 16, weftUint8, peer, comm, stream), weftInvalidUsage,
+                 "same stream");
+    EXPECT_ERROR(weftGroupEnd(), weftInvalidUsage, "group abandoned");
+    EXPECT_EQ(incoming, std::vector<uint8_t>(16, 0xEE));
+    ASSERT_EQ(weftGroupStart(), weftSuccess);
+    ASSERT_EQ(weftSend(outgoing.data(), 16, weftUint8, peer, comm, nullptr), weftSuccess);
+    ASSERT_EQ(weftRecv(incoming.data(), 16, weftUint8, peer, comm, nullptr), weftSuccess);
+    ASSERT_EQ(weftGroupEnd(), weftSuccess) << weftGetLastError(comm);
+    EXPECT_EQ(incoming, payload(peer, weftUint8, 16));
+    EXPECT_EQ(weftStreamDestroy(stream), weftSuccess);
+    EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
   });
 }
 

@@ -99,6 +99,67 @@ TEST(PairRings, SlotsAreReusedOnlyOnceTaken) {
   }
 }
 
+// A sender remembers the run of free slots it found from one message on, and reads the
+// acknowledgements again only past it; the run says nothing of messages before it (a group
+// sends out of order).
+TEST(PairRings, ARunOfFreeSlotsFreesNoEarlierMessage) {
+  Node node;
+  PairRings& sender = node.rings[1];
+  PairRings& receiver = node.rings[0];
+  std::vector<uint8_t> got(PairRings::kMessageBytes);
+  size_t sent = 0;
+  for (uint64_t i = 0; i < kSlots; ++i) {
+    const std::vector<uint8_t> data = message(1, i, 8);
+    ASSERT_TRUE(sender.try_send(0, i, i, data.data(), data.size())) << "message " << i;
+  }
+  for (uint64_t i = 1; i < kSlots; ++i)
+    ASSERT_EQ(receiver.try_recv(1, i, i, got.data(), 8, &sent), PairRings::Received::Done) << i;
+  // Messages kSlots + 1 .. 2 kSlots - 1 may go (their slots' messages were taken) ...
+  for (uint64_t i = kSlots + 1; i < 2 * kSlots; ++i) {
+    const std::vector<uint8_t> data = message(1, i, 8);
+    ASSERT_TRUE(sender.try_send(0, i, i, data.data(), data.size())) << "message " << i;
+  }
+  // ... but not message kSlots, whose slot still holds message 0.
+  const std::vector<uint8_t> late = message(1, kSlots, 8);
+  EXPECT_FALSE(sender.try_send(0, kSlots, kSlots, late.data(), late.size()));
+  ASSERT_EQ(receiver.try_recv(1, 0, 0, got.data(), 8, &sent), PairRings::Received::Done);
+  EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 8), message(1, 0, 8));
+  EXPECT_TRUE(sender.try_send(0, kSlots, kSlots, late.data(), late.size()));
+  for (uint64_t i = kSlots; i < 2 * kSlots; ++i) {
+    ASSERT_EQ(receiver.try_recv(1, i, i, got.data(), 8, &sent), PairRings::Received::Done) << i;
+    EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 8), message(1, i, 8)) << i;
+  }
+  // The run found from message 2 kSlots covers the next kSlots messages, sent in order.
+  for (uint64_t i = 2 * kSlots; i < 3 * kSlots; ++i) {
+    const std::vector<uint8_t> data = message(1, i, 8);
+    ASSERT_TRUE(sender.try_send(0, i, i, data.data(), data.size())) << "message " << i;
+  }
+  const std::vector<uint8_t> beyond = message(1, 3 * kSlots, 8);
+  EXPECT_FALSE(sender.try_send(0, 3 * kSlots, 3 * kSlots, beyond.data(), beyond.size()));
+}
+
+// The first messages of a pair have no previous messages in their slots: they may go
+// whichever run the sender found last (an executor sends a group's messages out of order).
+TEST(PairRings, TheFirstMessagesGoAfterALaterRunWasFound) {
+  Node node;
+  PairRings& sender = node.rings[2];
+  PairRings& receiver = node.rings[1];
+  std::vector<uint8_t> got(PairRings::kMessageBytes);
+  size_t sent = 0;
+  const std::vector<uint8_t> first = message(2, 0, 8), later = message(2, kSlots, 8);
+  ASSERT_TRUE(sender.try_send(1, 0, 0, first.data(), first.size()));
+  ASSERT_EQ(receiver.try_recv(2, 0, 0, got.data(), 8, &sent), PairRings::Received::Done);
+  ASSERT_TRUE(sender.try_send(1, kSlots, kSlots, later.data(), later.size()));
+  for (uint64_t i = 1; i < kSlots; ++i) {
+    const std::vector<uint8_t> data = message(2, i, 8);
+    ASSERT_TRUE(sender.try_send(1, i, i, data.data(), data.size())) << "message " << i;
+  }
+  for (uint64_t i = 1; i <= kSlots; ++i) {
+    ASSERT_EQ(receiver.try_recv(2, i, i, got.data(), 8, &sent), PairRings::Received::Done) << i;
+    EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 8), message(2, i, 8)) << i;
+  }
+}
+
 TEST(PairRings, PairsAndDirectionsAreApart) {
   Node node;
   // Message 0 of every ordered pair, self included, each with its own bytes.

@@ -37,6 +37,7 @@ struct alignas(kLine) PairRings::Slot {
   std::byte data[kMessageBytes];
 };
 static_assert(PairRings::kMessageBytes < (1u << 16), "a slot word keeps 16 bits of count");
+static_assert(PairRings::kSlots < (1u << 8), "a run of free slots keeps 8 bits of length");
 
 // A region: the slots of its owner's messages, by receiver then slot; then by sender, a line
 // (or more) of acknowledgements, the last index + 1 taken from each slot.
@@ -65,6 +66,10 @@ void PairRings::attach(int rank, int nranks, uint64_t slots, std::vector<std::by
   bells_ = std::move(bells);
   send_next_ = std::make_unique<std::atomic<uint64_t>[]>(nranks);
   recv_next_ = std::make_unique<std::atomic<uint64_t>[]>(nranks);
+  send_free_ = std::make_unique<std::atomic<uint64_t>[]>(nranks);
+  // Messages 0 .. slots - 1 have no previous messages: a run from 0.
+  for (int peer = 0; peer < nranks; ++peer)
+    send_free_[peer].store(slots, std::memory_order_relaxed);
 }
 
 inline PairRings::Slot& PairRings::slot(int sender, int receiver, uint64_t index) const {
@@ -78,12 +83,27 @@ inline std::atomic<uint64_t>& PairRings::ack(int receiver, int sender, uint64_t 
   return line[index % slots_];
 }
 
+bool PairRings::slot_free(int peer, uint64_t index) {
+  // Acquire pairs with the release below: another thread's finding orders this write after
+  // the receiver's copy too.
+  const uint64_t run = send_free_[peer].load(std::memory_order_acquire);
+  if (index - (run >> 8) < (run & 0xFF)) return true;
+  // Message j's slot is free once its previous message, j - slots, was taken (the first
+  // `slots` messages have none). The receiver may take out of order: the run of free slots
+  // from `index` ends at the first one not.
+  auto free = [&](uint64_t j) {
+    return j < slots_ || ack(peer, rank_, j).load(std::memory_order_acquire) == j - slots_ + 1;
+  };
+  uint64_t length = 0;
+  while (length < slots_ && free(index + length)) ++length;
+  if (length == 0) return false;
+  send_free_[peer].store(index << 8 | length, std::memory_order_release);
+  return true;
+}
+
 bool PairRings::try_send(int peer, uint64_t index, uint64_t sequence, const void* data,
                          size_t bytes) {
-  // The slot's previous message, index - slots, must have been taken.
-  if (index >= slots_ &&
-      ack(peer, rank_, index).load(std::memory_order_acquire) != index - slots_ + 1)
-    return false;
+  if (!slot_free(peer, index)) return false;
   Slot& target = slot(rank_, peer, index);
   if (bytes != 0) memcpy(target.data, data, bytes);
   target.word.store(slot_word(index, bytes, sequence), std::memory_order_release);

@@ -66,6 +66,9 @@ class PairRings {
   struct Slot;
   Slot& slot(int sender, int receiver, uint64_t index) const;
   std::atomic<uint64_t>& ack(int receiver, int sender, uint64_t index) const;
+  // Whether message `index` to `peer` may be written: from send_free_, else from the
+  // acknowledgements, which also tell how many messages after it may.
+  bool slot_free(int peer, uint64_t index);
   static uint64_t bump(std::atomic<uint64_t>& counter) {
     const uint64_t value = counter.load(std::memory_order_relaxed);
     counter.store(value + 1, std::memory_order_relaxed);
@@ -81,6 +84,13 @@ class PairRings {
   std::vector<Doorbell*> bells_;
   // Written by the launching thread, read by others (launched_from): relaxed.
   std::unique_ptr<std::atomic<uint64_t>[]> send_next_, recv_next_;
+  // Per peer: a run of messages known to have a free slot (their slots' previous messages
+  // were acknowledged), first index << 8 | length, so that a send reads the receiver's
+  // acknowledgements, a line the receiver writes after every message, only once in up to
+  // `slots` sends in order. An acknowledgement is never withdrawn, so any run found stays
+  // true; a run replaced by another (sends out of order) only costs a read, as a message
+  // outside the run is looked up again.
+  std::unique_ptr<std::atomic<uint64_t>[]> send_free_;
 };
 
 }  // namespace weft::shm

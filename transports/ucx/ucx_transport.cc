@@ -86,8 +86,18 @@ Status make_context(bool node, std::shared_ptr<ucp_context>* out) {
   // posix, sysv or cma, which reach no other node; and a worker's network
   // interfaces (TCP's listening sockets and route lookups) are half its creation, which
   // node-only communicators skip. UCX_TLS set by the user still wins.
-  if (getenv("UCX_TLS") == nullptr)
+  if (getenv("UCX_TLS") == nullptr) {
     (void)ucp_config_modify(config, "TLS", node ? "self,sysv" : "^posix,sysv,cma");
+    // sysv's receive buffers (8 KiB each) grow 64 at a time, not 512: UCX's default put 4.2
+    // MB of SysV memory behind every worker, every page cleared as the worker was made, which
+    // was most of the CPU a communicator's creation took at 8 ranks (docs/shared-memory.md).
+    // Its FIFO takes 64; more come as messages are held. Named by the mm family's prefix
+    // (UCX does not match SYSV_ here), and only where sysv is open: a context without an mm
+    // transport warns of the name. Set by the user, either name still wins.
+    if (node && getenv("UCX_MM_RX_BUFS_GROW") == nullptr &&
+        getenv("UCX_SYSV_RX_BUFS_GROW") == nullptr)
+      (void)ucp_config_modify(config, "MM_RX_BUFS_GROW", "64");
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
