@@ -49,6 +49,31 @@ std::vector<uint8_t> message(int sender, uint64_t index, size_t bytes) {
   return data;
 }
 
+// Messages from..to-1 of 8 bytes each from rank `from_rank` to `to_rank`, each carrying its
+// index as its sequence: sent in order, or taken in order and compared.
+::testing::AssertionResult send_messages(Node& node, int from_rank, int to_rank, uint64_t from,
+                                         uint64_t to) {
+  for (uint64_t i = from; i < to; ++i) {
+    const std::vector<uint8_t> data = message(from_rank, i, 8);
+    if (!node.rings[from_rank].try_send(to_rank, i, i, data.data(), data.size()))
+      return ::testing::AssertionFailure() << "message " << i << " did not go";
+  }
+  return ::testing::AssertionSuccess();
+}
+::testing::AssertionResult take_messages(Node& node, int from_rank, int to_rank, uint64_t from,
+                                         uint64_t to) {
+  std::vector<uint8_t> got(8);
+  size_t sent = 0;
+  for (uint64_t i = from; i < to; ++i) {
+    if (node.rings[to_rank].try_recv(from_rank, i, i, got.data(), got.size(), &sent) !=
+        PairRings::Received::Done)
+      return ::testing::AssertionFailure() << "message " << i << " was not taken";
+    if (got != message(from_rank, i, 8))
+      return ::testing::AssertionFailure() << "message " << i << " arrived with other bytes";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST(PairRings, CarriesUpToItsMessageSizeAndNothingWithoutSlots) {
   Node node;
   EXPECT_TRUE(node.rings[0].carries(0));
@@ -104,60 +129,29 @@ TEST(PairRings, SlotsAreReusedOnlyOnceTaken) {
 // sends out of order).
 TEST(PairRings, ARunOfFreeSlotsFreesNoEarlierMessage) {
   Node node;
-  PairRings& sender = node.rings[1];
-  PairRings& receiver = node.rings[0];
-  std::vector<uint8_t> got(PairRings::kMessageBytes);
-  size_t sent = 0;
-  for (uint64_t i = 0; i < kSlots; ++i) {
-    const std::vector<uint8_t> data = message(1, i, 8);
-    ASSERT_TRUE(sender.try_send(0, i, i, data.data(), data.size())) << "message " << i;
-  }
-  for (uint64_t i = 1; i < kSlots; ++i)
-    ASSERT_EQ(receiver.try_recv(1, i, i, got.data(), 8, &sent), PairRings::Received::Done) << i;
+  ASSERT_TRUE(send_messages(node, 1, 0, 0, kSlots));
+  ASSERT_TRUE(take_messages(node, 1, 0, 1, kSlots));
   // Messages kSlots + 1 .. 2 kSlots - 1 may go (their slots' messages were taken) ...
-  for (uint64_t i = kSlots + 1; i < 2 * kSlots; ++i) {
-    const std::vector<uint8_t> data = message(1, i, 8);
-    ASSERT_TRUE(sender.try_send(0, i, i, data.data(), data.size())) << "message " << i;
-  }
+  ASSERT_TRUE(send_messages(node, 1, 0, kSlots + 1, 2 * kSlots));
   // ... but not message kSlots, whose slot still holds message 0.
-  const std::vector<uint8_t> late = message(1, kSlots, 8);
-  EXPECT_FALSE(sender.try_send(0, kSlots, kSlots, late.data(), late.size()));
-  ASSERT_EQ(receiver.try_recv(1, 0, 0, got.data(), 8, &sent), PairRings::Received::Done);
-  EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 8), message(1, 0, 8));
-  EXPECT_TRUE(sender.try_send(0, kSlots, kSlots, late.data(), late.size()));
-  for (uint64_t i = kSlots; i < 2 * kSlots; ++i) {
-    ASSERT_EQ(receiver.try_recv(1, i, i, got.data(), 8, &sent), PairRings::Received::Done) << i;
-    EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 8), message(1, i, 8)) << i;
-  }
+  EXPECT_FALSE(send_messages(node, 1, 0, kSlots, kSlots + 1));
+  ASSERT_TRUE(take_messages(node, 1, 0, 0, 1));
+  EXPECT_TRUE(send_messages(node, 1, 0, kSlots, kSlots + 1));
+  ASSERT_TRUE(take_messages(node, 1, 0, kSlots, 2 * kSlots));
   // The run found from message 2 kSlots covers the next kSlots messages, sent in order.
-  for (uint64_t i = 2 * kSlots; i < 3 * kSlots; ++i) {
-    const std::vector<uint8_t> data = message(1, i, 8);
-    ASSERT_TRUE(sender.try_send(0, i, i, data.data(), data.size())) << "message " << i;
-  }
-  const std::vector<uint8_t> beyond = message(1, 3 * kSlots, 8);
-  EXPECT_FALSE(sender.try_send(0, 3 * kSlots, 3 * kSlots, beyond.data(), beyond.size()));
+  ASSERT_TRUE(send_messages(node, 1, 0, 2 * kSlots, 3 * kSlots));
+  EXPECT_FALSE(send_messages(node, 1, 0, 3 * kSlots, 3 * kSlots + 1));
 }
 
 // The first messages of a pair have no previous messages in their slots: they may go
 // whichever run the sender found last (an executor sends a group's messages out of order).
 TEST(PairRings, TheFirstMessagesGoAfterALaterRunWasFound) {
   Node node;
-  PairRings& sender = node.rings[2];
-  PairRings& receiver = node.rings[1];
-  std::vector<uint8_t> got(PairRings::kMessageBytes);
-  size_t sent = 0;
-  const std::vector<uint8_t> first = message(2, 0, 8), later = message(2, kSlots, 8);
-  ASSERT_TRUE(sender.try_send(1, 0, 0, first.data(), first.size()));
-  ASSERT_EQ(receiver.try_recv(2, 0, 0, got.data(), 8, &sent), PairRings::Received::Done);
-  ASSERT_TRUE(sender.try_send(1, kSlots, kSlots, later.data(), later.size()));
-  for (uint64_t i = 1; i < kSlots; ++i) {
-    const std::vector<uint8_t> data = message(2, i, 8);
-    ASSERT_TRUE(sender.try_send(1, i, i, data.data(), data.size())) << "message " << i;
-  }
-  for (uint64_t i = 1; i <= kSlots; ++i) {
-    ASSERT_EQ(receiver.try_recv(2, i, i, got.data(), 8, &sent), PairRings::Received::Done) << i;
-    EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 8), message(2, i, 8)) << i;
-  }
+  ASSERT_TRUE(send_messages(node, 2, 1, 0, 1));
+  ASSERT_TRUE(take_messages(node, 2, 1, 0, 1));
+  ASSERT_TRUE(send_messages(node, 2, 1, kSlots, kSlots + 1));
+  ASSERT_TRUE(send_messages(node, 2, 1, 1, kSlots));
+  ASSERT_TRUE(take_messages(node, 2, 1, 1, kSlots + 1));
 }
 
 TEST(PairRings, PairsAndDirectionsAreApart) {
