@@ -69,8 +69,10 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_SHM_BYTES", "4194304",
      "Shared-memory staging per rank (bytes, at least 4096) for the direct algorithms when every "
      "rank of a communicator is on one node; each such communicator reserves it in /dev/shm at "
-     "init. Unset, a communicator takes less where /dev/shm is short (at most 1/64 of the free "
-     "space, one WARN); set, it is taken as asked. Without room: the message path, one WARN.",
+     "init. Unset, a communicator takes less where the last-level cache is small for its ranks "
+     "(WEFT_CACHE_BYTES / (2 * ranks), at least 512K) or /dev/shm is short (at most 1/64 of "
+     "the free space, one WARN); set, it is taken as asked. Without room: the message path, "
+     "one WARN.",
      EnvKind::kBytes},
     {"WEFT_SHM_DISABLE", "0",
      "1: no shared memory; communicators on one node run only the message-based algorithms.",
@@ -97,12 +99,20 @@ constexpr EnvVar kEnvTable[] = {
      "(POSIX-fd handles where every rank's GPU offers them, else legacy CUDA IPC), posix-fd, or "
      "legacy. Ranks that are threads of one process use plain pointers.",
      EnvKind::kChoice, 0, UINT64_MAX, "auto|posix-fd|legacy"},
+    {"WEFT_CACHE_BYTES", "",
+     "The last-level cache (bytes) the direct path sizes against: unless WEFT_SHM_BYTES is "
+     "set, each rank's staging is at most cache / (2 * ranks); and a staged AllGather, "
+     "Broadcast or AllToAll(v) whose buffers over the node's ranks reach it writes its output "
+     "with streaming stores. Unset: the CPU's last-level data or unified cache as sysfs lists "
+     "it; none there, neither.",
+     EnvKind::kBytes},
     {"WEFT_SHM_STREAM_BYTES", "1M",
      "Smallest direct-path round (bytes a rank writes to its staging in an op's first round) "
      "from which a rank times its rounds and writes them with streaming stores while those "
      "are clearly faster; also the smallest block whose copy from mapped memory in an op read "
-     "in place (a rank's own block, a peer's registered input) is so chosen. 0 never streams; "
-     "ranks that outnumber the cores never do.",
+     "in place (a rank's own block, a peer's registered input) is so chosen. 0 never streams, "
+     "not even the outputs WEFT_CACHE_BYTES decides; ranks that outnumber the cores never "
+     "time their stores.",
      EnvKind::kBytes},
     {"WEFT_SHM_CMA_BYTES", "",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "

@@ -147,6 +147,16 @@ void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
   if (bytes != 0 && dst != src) memcpy(dst, src, bytes);
 }
 
+// The last-level cache the staging and the streamed outputs are sized against:
+// WEFT_CACHE_BYTES, or what sysfs lists for the CPU this process first asked from. One CPU's
+// cache, though the node's ranks may be spread over several (sockets, AMD's per-CCX L3).
+uint64_t node_cache_bytes() {
+  if (std::optional<uint64_t> set = env_value_if_set("WEFT_CACHE_BYTES", "the CPU's")) return *set;
+  static const uint64_t listed = last_level_cache_bytes(
+      "/sys/devices/system/cpu/cpu" + std::to_string(std::max(sched_getcpu(), 0)) + "/cache");
+  return listed;
+}
+
 // A copy into this rank's own staging, streamed when the round is (stores_, a TimedChoice).
 void stage_bytes(std::byte* dst, const std::byte* src, size_t bytes, bool streamed) {
   if (streamed)
@@ -269,6 +279,7 @@ uint64_t piece(uint64_t total, uint64_t step, uint64_t per_round) {
 // back to the message path.
 constexpr uint64_t kRoomShare = 64;
 constexpr uint64_t kPage = 4096;
+constexpr uint64_t kMinCacheStaging = 512 * 1024;
 
 // What /dev/shm has free, and this rank's share of it, when that share is less than
 // `requested` bytes of staging and WEFT_SHM_BYTES was not set (an explicit value is taken as
@@ -282,6 +293,20 @@ std::optional<ShortRoom> short_room(uint64_t requested, int nranks) {
   const uint64_t share = *room / (kRoomShare * static_cast<uint64_t>(nranks));
   if (share >= requested) return std::nullopt;
   return ShortRoom{*room, share};
+}
+
+// The default staging, `largest` (WEFT_SHM_BYTES's default) unless the last-level cache is
+// small for the node's ranks: then cache / (2 * nranks), so that a round of every rank
+// (half the staging) takes at most a quarter of the cache, and the buffers the rounds are
+// copied from and into keep the rest. With 4 ranks on this VM's 8 MiB L3, 4 MiB of staging
+// per rank (8 MiB of rounds in flight) ran 4-64 MiB ops of every collective 1.15-1.6x slower
+// than 1 MiB of staging did, and 2 ranks 1.05-1.3x slower than with 2 MiB (docs/shared-memory.md,
+// "Rounds sized to the cache"). Not below kMinCacheStaging: 256 KiB at 4 ranks ran 1.1-1.2x
+// slower than 512 KiB, its rounds costing a synchronisation each.
+uint64_t cache_sized_staging(uint64_t largest, int nranks, uint64_t cache) {
+  if (cache == 0) return largest;
+  const uint64_t fitting = cache / (2 * static_cast<uint64_t>(nranks)) / kPage * kPage;
+  return std::min(largest, std::max(fitting, kMinCacheStaging));
 }
 
 // This rank's staging bytes: `requested`, or its share of a short /dev/shm (then one WARN
@@ -391,6 +416,11 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   const uint64_t stream_bytes =
       oversubscribed || !streaming_stores_available() ? 0 : env_value("WEFT_SHM_STREAM_BYTES");
   stream_floor_ = stream_bytes == 0 ? UINT64_MAX : stream_bytes;
+  const uint64_t cache = node_cache_bytes();
+  output_stream_floor_ =
+      !streaming_stores_available() || env_value("WEFT_SHM_STREAM_BYTES") == 0 || cache == 0
+          ? UINT64_MAX
+          : cache;
   if (nranks > 1 && !same_node) {
     unavailable_reason_ = "this communicator's ranks are on several nodes";
     return Status::Ok();
@@ -400,7 +430,9 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
     unavailable_reason_ = "WEFT_SHM_DISABLE is set";
     return Status::Ok();
   }
-  const uint64_t requested = env_value("WEFT_SHM_BYTES");
+  const uint64_t requested = env_string("WEFT_SHM_BYTES")
+                                 ? env_value("WEFT_SHM_BYTES")
+                                 : cache_sized_staging(env_value("WEFT_SHM_BYTES"), nranks, cache);
   if (requested < kMinStagingBytes)
     return Error(weftInvalidUsage, "WEFT_SHM_BYTES=%llu is below the minimum of %llu bytes",
                  static_cast<unsigned long long>(requested),
@@ -1013,6 +1045,49 @@ bool DirectState::own_block_direct_v(const Job& job) const {
   return !overlaps(job.input, input * e, job.output, output * e);
 }
 
+bool DirectState::streams_output(const Job& job) const {
+  const DirectCall& call = *job.direct;
+  const size_t e = job.math.element_size;
+  const uint64_t n = nranks_;
+  uint64_t input = 0, output = 0;  // this rank's buffers' extents, in elements
+  bool reads_output = false;       // its output is input it reads (in place)
+  switch (call.collective) {
+    case algo::Collective::AllGather:
+      input = call.count;
+      output = n * call.count;
+      // In place its own block, which it reads, is left where it is.
+      reads_output = job.input != job.output + rank_ * call.count * e &&
+                     overlaps(job.input, input * e, job.output, output * e);
+      break;
+    case algo::Collective::Broadcast:
+      if (rank_ == call.root && job.input == job.output) return false;  // copies nothing
+      input = output = call.count;
+      break;
+    case algo::Collective::AllToAll:
+      input = output = n * call.count;
+      reads_output = overlaps(job.input, input * e, job.output, output * e);
+      break;
+    case algo::Collective::AllToAllv:
+      for (int q = 0; q < nranks_; ++q) {
+        input = std::max(input, call.peers->send_displs[q] + call.peers->send_counts[q]);
+        output = std::max(output, call.peers->recv_displs[q] + call.peers->recv_counts[q]);
+      }
+      reads_output = overlaps(job.input, input * e, job.output, output * e);
+      break;
+    default:
+      return false;
+  }
+  output_streamed_bytes_ = 0;
+  return !reads_output && n * (input + output) * e >= output_stream_floor_;
+}
+
+inline void DirectState::copy_out(std::byte* dst, const std::byte* src, size_t bytes,
+                                  const DirectRun& run) const {
+  if (!run.stream_output) return copy_bytes(dst, src, bytes);
+  copy_streaming(dst, src, bytes);
+  output_streamed_bytes_ += bytes;
+}
+
 void DirectState::prefault_staging(uint64_t first_round_bytes) {
   const size_t bytes = std::min<uint64_t>(half_bytes_, first_round_bytes);
   if (bytes <= prefaulted_bytes_) return;
@@ -1137,13 +1212,14 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
       // staging would move a third more bytes for nothing.
       const int own = job.input == out + rank_ * call.count * e ? rank_ : -1;
       for (int q = 0; q < nranks_; ++q)
-        if (q != own) copy_bytes(out + (q * call.count + begin) * e, staging(q, run), length * e);
+        if (q != own)
+          copy_out(out + (q * call.count + begin) * e, staging(q, run), length * e, run);
       break;
     }
     case algo::Collective::Broadcast:
       // The root's own output already holds the data when the call is in place.
       if (rank_ != call.root || job.input != out)
-        copy_bytes(out + begin * e, staging(call.root, run), length * e);
+        copy_out(out + begin * e, staging(call.root, run), length * e, run);
       break;
     case algo::Collective::AllToAll: {
       // Copied from the input when pack left it out of the staging (a no-op in place).
@@ -1152,11 +1228,11 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
                           : -1;
       for (int q = 0; q < nranks_; ++q) {
         if (q == own)
-          copy_bytes(out + (q * call.count + begin) * e, job.input + (q * call.count + begin) * e,
-                     length * e);
+          copy_out(out + (q * call.count + begin) * e, job.input + (q * call.count + begin) * e,
+                   length * e, run);
         else if (!run.inline_data)
-          copy_bytes(out + (q * call.count + begin) * e, staging(q, run) + rank_ * per_round * e,
-                     length * e);
+          copy_out(out + (q * call.count + begin) * e, staging(q, run) + rank_ * per_round * e,
+                   length * e, run);
         else if (q != rank_)  // pack wrote this rank's own block
           copy_bytes(out + q * call.count * e,
                      staging(q, run) + compact_slot(q, rank_) * length * e, length * e);
@@ -1166,10 +1242,10 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
     case algo::Collective::AllToAllv: {
       const int own = own_block_direct_v(job) ? rank_ : -1;
       for (int q = 0; q < nranks_; ++q)
-        copy_bytes(out + (call.peers->recv_displs[q] + step * per_round) * e,
-                   q == own ? job.input + (call.peers->send_displs[q] + step * per_round) * e
-                            : staging(q, run) + rank_ * per_round * e,
-                   piece(call.peers->recv_counts[q], step, per_round) * e);
+        copy_out(out + (call.peers->recv_displs[q] + step * per_round) * e,
+                 q == own ? job.input + (call.peers->send_displs[q] + step * per_round) * e
+                          : staging(q, run) + rank_ * per_round * e,
+                 piece(call.peers->recv_counts[q], step, per_round) * e, run);
       break;
     }
     default:
@@ -1255,6 +1331,9 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
     if (!zero_copy(job, run, progressed)) return false;
     more = false;
   }
+  // Decided once the op is known to be staged (not read in place), before its first round.
+  if (more && run->step == 0 && !run->published && !run->inline_data)
+    run->stream_output = streams_output(job);
   const uint64_t tag = job.ready_tag;
   while (more) {
     uint64_t round = round_ + 1;
@@ -1290,12 +1369,17 @@ bool DirectState::advance(const Job& job, const std::byte* input, DirectRun* run
       timed_unpack(job, *run);
     else
       unpack(job, *run);
+    if (run->stream_output) streaming_fence();  // before the op's end publishes its output
     round_ = round;
     ++run->step;
     run->published = false;
     *progressed = true;
   }
   if (run->path_timed) observe_path(job, *run);
+  if (run->stream_output)
+    WEFT_LOG(TRACE, COLL, "rank %d: direct %s wrote %llu bytes of its output with streaming stores",
+             rank_, algo::collective_name(job.direct->collective),
+             static_cast<unsigned long long>(output_streamed_bytes_));
   tickets_done_.fetch_add(1, std::memory_order_release);
   mine.bell.ring();  // a later op of this communicator may sleep in another thread
   return true;

@@ -213,6 +213,9 @@ struct DirectRun {
   // Zero copy: whether this rank's copies from mapped memory are chosen (a TimedChoice;
   // DirectState::copy_timing_ has the rest).
   bool copy_timed = false;
+  // Whether this rank copies from the staging into the op's output with streaming stores
+  // (DirectState::streams_output).
+  bool stream_output = false;
   uint64_t per_round = 0, rounds = 0;
   // The op's one round travels next to the ready words instead of in the staging.
   bool inline_data = false;
@@ -382,6 +385,13 @@ class DirectState {
   uint64_t round_bytes(const Job& job, const DirectRun& run) const;
   // Whether an AllToAllv's own block skips the staging (pack and unpack decide alike).
   bool own_block_direct_v(const Job& job) const;
+  // Whether this rank's unpack writes the staged op's output with streaming stores: an
+  // AllGather, Broadcast or AllToAll(v) whose buffers over the node's ranks reach
+  // output_stream_floor_ (the last-level cache), whose output is not input this rank reads,
+  // and that copies something (not a Broadcast's root in place).
+  bool streams_output(const Job& job) const;
+  // unpack's copy into the op's output: with streaming stores, counted, when run.stream_output.
+  void copy_out(std::byte* dst, const std::byte* src, size_t bytes, const DirectRun& run) const;
   // Whether the call's rounds are timed for the choice of stores: one-shot, and this rank both
   // writes its staging and reads the peers'.
   bool packs_and_unpacks(const DirectCall& call) const;
@@ -505,6 +515,12 @@ class DirectState {
   static constexpr size_t kStoreSizeClasses = 4;
   std::array<TimedChoice, algo::kNumCollectives * kStoreSizeClasses> stores_;
   uint64_t stream_floor_ = UINT64_MAX;  // theirs (WEFT_SHM_STREAM_BYTES), for a cheap check
+  // Bytes of an op's buffers over the node from which its staged output is streamed: the
+  // last-level cache (WEFT_CACHE_BYTES); UINT64_MAX: never. Untimed, so ranks that outnumber
+  // the cores stream too: beyond the cache the output goes to memory whatever writes it.
+  uint64_t output_stream_floor_ = UINT64_MAX;
+  // Bytes the op in progress wrote to its output with streaming stores (its TRACE line).
+  mutable uint64_t output_streamed_bytes_ = 0;
   // The timed round in progress (a communicator's ops run one at a time): the bytes this
   // rank writes to its staging and how long its pack took.
   struct RoundTiming {

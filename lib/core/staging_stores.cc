@@ -1,6 +1,9 @@
 #include "core/staging_stores.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -14,6 +17,34 @@ bool streaming_stores_available() {
 #else
   return false;
 #endif
+}
+
+uint64_t last_level_cache_bytes(const std::string& cache_dir) {
+  std::error_code error;
+  int best_level = 0;
+  uint64_t best_bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(cache_dir, error)) {
+    if (entry.path().filename().string().rfind("index", 0) != 0) continue;
+    auto read = [&](const char* name) {
+      std::string text;
+      std::ifstream(entry.path() / name) >> text;
+      return text;
+    };
+    const std::string type = read("type"), size = read("size");
+    if (type == "Instruction" || size.empty()) continue;
+    const int level = atoi(read("level").c_str());
+    char* end = nullptr;
+    uint64_t bytes = strtoull(size.c_str(), &end, 10);
+    if (*end == 'K') bytes <<= 10;
+    if (*end == 'M') bytes <<= 20;
+    if (*end == 'G') bytes <<= 30;
+    if (bytes == 0) continue;  // unreadable: a lower level's figure is better than none
+    if (level > best_level || (level == best_level && bytes > best_bytes)) {
+      best_level = level;
+      best_bytes = bytes;
+    }
+  }
+  return best_bytes;
 }
 
 void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes) {

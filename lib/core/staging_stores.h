@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace weft {
 
@@ -15,6 +16,13 @@ void streaming_fence();
 
 // Whether copy_streaming bypasses the cache on this build (x86-64).
 bool streaming_stores_available();
+
+// The size of the last-level cache, the highest level of data or unified cache that sysfs
+// lists under `cache_dir` (/sys/devices/system/cpu/cpuN/cache: index*/level, type, size; the
+// largest of that level), or 0 when none can be read. From the kernel rather than sysconf,
+// which asks the CPU: in a virtual machine that may describe the host's cache (one VM here:
+// sysconf 64 MiB, sysfs and lscpu 8 MiB).
+uint64_t last_level_cache_bytes(const std::string& cache_dir);
 
 // How a rank writes the large staging rounds of one collective: TimedChoice, streaming
 // stores as the alternative. A staging line a peer has just read sits in that peer's cache,

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,11 +57,15 @@ class DirectMatrix : public NoLeftovers, public ::testing::WithParamInterface<in
 // (4 KiB) staging of every dtype, in that order, so that small and staged ops alternate;
 // `check`: WEFT_CHECK (small Broadcasts and Reduces take the lanes either way); `stream_bytes`:
 // WEFT_SHM_STREAM_BYTES (the default never streams rounds of this small staging).
-void run_matrix(int nranks, const char* check, const char* stream_bytes = "1M") {
+// `cache_bytes`: WEFT_CACHE_BYTES ("1": every staged AllGather, Broadcast and AllToAll(v)
+// that does not read its output writes it with streaming stores).
+void run_matrix(int nranks, const char* check, const char* stream_bytes = "1M",
+                const char* cache_bytes = "1G") {
   RunOptions options;
   options.env = {{"WEFT_SHM_BYTES", kSmallStaging},
                  {"WEFT_CHECK", check},
-                 {"WEFT_SHM_STREAM_BYTES", stream_bytes}};
+                 {"WEFT_SHM_STREAM_BYTES", stream_bytes},
+                 {"WEFT_CACHE_BYTES", cache_bytes}};
   run_ranks(
       nranks,
       [](const RankContext& context) {
@@ -123,6 +128,16 @@ TEST_P(StreamedDirectMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
   run_matrix(GetParam(), "on", "64");
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, StreamedDirectMatrix, ::testing::Values(1, 2));
+
+// Staged outputs written with streaming stores, at rank counts that outnumber the cores too
+// (the choice is untimed): the matrix exact (StagedOutputsStreamPastTheCache proves which ops
+// stream).
+class StreamedOutputsMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
+
+TEST_P(StreamedOutputsMatrix, EveryCollectiveCountDtypeOpInAndOutOfPlace) {
+  run_matrix(GetParam(), "on", "1M", "1");
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, StreamedOutputsMatrix, ::testing::Values(2, 3, 4));
 
 // Broadcasts and Reduces small enough for the lanes, whose senders run up to kLaneWindow - 1
 // calls ahead (WEFT_CHECK on then compares every lane round's calls), interleaved with
@@ -565,6 +580,141 @@ TEST_F(NoLeftovers, LargeRoundsTryStreamingStoresAndStayExact) {
           EXPECT_EQ(weftCommDestroy(world), weftSuccess);
         },
         logs.options({{"WEFT_SHM_STREAM_BYTES", floor}}));
+  }
+}
+
+// A staged AllGather, Broadcast or AllToAll(v) writes its output with streaming stores once
+// its buffers over the node's ranks reach WEFT_CACHE_BYTES, unless the output is input the
+// rank reads (an in-place AllToAll); never with WEFT_SHM_STREAM_BYTES=0, nor any other
+// collective; and each such op streams every byte it copies into its output. 4 ranks: on
+// this machine more than its cores, where nothing else streams.
+TEST_F(NoLeftovers, StagedOutputsStreamPastTheCache) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "streaming stores are used on x86-64 builds only";
+#endif
+  TraceLogs logs({{"WEFT_SHM_BYTES", kSmallStaging}, {"WEFT_SHM_CMA_BYTES", "0"}});
+  static constexpr int kRanks = 4, kCalls = 3;
+  static constexpr size_t kCount = 1000;  // floats per block: many rounds of the staging
+  // Bytes of buffers over the node: an AllToAll's, in and out of 4 blocks on each rank,
+  // 128 * kCount; an in-place AllGather's 80 * kCount; a Broadcast's 32 * kCount.
+  struct Case {
+    const char* cache;
+    const char* stream_bytes;
+    long streamed_per_call;  // ops of the call's six that stream
+    long bytes_per_call;     // what they copy into their outputs
+  };
+  const std::string all_to_all = std::to_string(128 * kCount);
+  const std::string all_gather = std::to_string(80 * kCount);
+  const std::string over_all_gather = std::to_string(80 * kCount + 1);
+  const std::string broadcast = std::to_string(32 * kCount);
+  // An AllToAll(v) out of place copies its 4 blocks, its own one included; an AllGather in
+  // place the 3 others; a Broadcast, its root out of place too, the one.
+  constexpr long kAllToAll = 4 * 4 * kCount, kAllGather = 3 * 4 * kCount, kBroadcast = 4 * kCount;
+  const Case cases[] = {{broadcast.c_str(), "1M", 4, 2 * kAllToAll + kAllGather + kBroadcast},
+                        {all_gather.c_str(), "1M", 3, 2 * kAllToAll + kAllGather},
+                        {over_all_gather.c_str(), "1M", 2, 2 * kAllToAll},
+                        {all_to_all.c_str(), "1M", 2, 2 * kAllToAll},
+                        {broadcast.c_str(), "0", 0, 0},
+                        {"1G", "1M", 0, 0}};
+  for (const Case& c : cases) {
+    run_ranks(
+        kRanks,
+        [&c](const RankContext& context) {
+          weftComm_t world = init_comm(context);
+          weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+          const int n = context.nranks, me = context.rank;
+          auto value = [](int rank, size_t i, int call) {
+            return static_cast<float>(rank * 7 + static_cast<int>(i % 13) + call);
+          };
+          std::vector<float> in(n * kCount), out(n * kCount), block(kCount);
+          for (int call = 0; call < kCalls; ++call) {
+            // Out of place, then in place: AllToAll block q of rank r is value(r, q * kCount + i).
+            for (bool in_place : {false, true}) {
+              for (size_t i = 0; i < n * kCount; ++i) in[i] = value(me, i, call);
+              float* dst = in_place ? in.data() : out.data();
+              ASSERT_EQ(weftAllToAll(in.data(), dst, kCount, weftFloat32, comm, nullptr),
+                        weftSuccess)
+                  << weftGetLastError(comm);
+              for (int q = 0; q < n; ++q)
+                for (size_t i = 0; i < kCount; ++i)
+                  ASSERT_EQ(dst[q * kCount + i], value(q, me * kCount + i, call))
+                      << "AllToAll in place " << in_place << " from rank " << q << " element " << i;
+            }
+            // AllToAllv with equal counts, out of place.
+            std::vector<size_t> counts(n, kCount), displs(n);
+            for (int q = 0; q < n; ++q) displs[q] = q * kCount;
+            for (size_t i = 0; i < n * kCount; ++i) in[i] = value(me, i, call);
+            ASSERT_EQ(weftAllToAllv(in.data(), counts.data(), displs.data(), out.data(),
+                                    counts.data(), displs.data(), weftFloat32, comm, nullptr),
+                      weftSuccess);
+            for (int q = 0; q < n; ++q)
+              for (size_t i = 0; i < kCount; ++i)
+                ASSERT_EQ(out[q * kCount + i], value(q, me * kCount + i, call))
+                    << "AllToAllv from rank " << q << " element " << i;
+            // AllGather in place: the rank's block is already in its output.
+            for (size_t i = 0; i < kCount; ++i) out[me * kCount + i] = value(me, i, call);
+            ASSERT_EQ(weftAllGather(out.data() + me * kCount, out.data(), kCount, weftFloat32, comm,
+                                    nullptr),
+                      weftSuccess);
+            for (int q = 0; q < n; ++q)
+              for (size_t i = 0; i < kCount; ++i)
+                ASSERT_EQ(out[q * kCount + i], value(q, i, call))
+                    << "AllGather from rank " << q << " element " << i;
+            // Broadcast from rank 1, out of place.
+            for (size_t i = 0; i < kCount; ++i) in[i] = value(me, i, call);
+            ASSERT_EQ(weftBroadcast(in.data(), block.data(), kCount, weftFloat32, 1, comm, nullptr),
+                      weftSuccess);
+            for (size_t i = 0; i < kCount; ++i)
+              ASSERT_EQ(block[i], value(1, i, call)) << "Broadcast element " << i;
+            // AllReduce never streams its output.
+            ASSERT_EQ(
+                weftAllReduce(in.data(), out.data(), kCount, weftFloat32, weftSum, comm, nullptr),
+                weftSuccess);
+          }
+          EXPECT_EQ(logged_lines("bytes of its output with streaming stores"),
+                    c.streamed_per_call * kCalls)
+              << "WEFT_CACHE_BYTES=" << c.cache << " WEFT_SHM_STREAM_BYTES=" << c.stream_bytes;
+          EXPECT_EQ(logged_sum(" wrote "), c.bytes_per_call * kCalls)
+              << "WEFT_CACHE_BYTES=" << c.cache << " WEFT_SHM_STREAM_BYTES=" << c.stream_bytes;
+          EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+          EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+        },
+        logs.options({{"WEFT_CACHE_BYTES", c.cache}, {"WEFT_SHM_STREAM_BYTES", c.stream_bytes}}));
+  }
+}
+
+// Unset, WEFT_SHM_BYTES gives each rank cache / (2 * ranks) of staging, between 512 KiB and
+// 4 MiB, of the cache WEFT_CACHE_BYTES names; set, it is taken as asked.
+TEST_F(NoLeftovers, DefaultStagingFitsTheCache) {
+  TraceLogs logs;
+  struct Case {
+    int nranks;
+    const char* cache;
+    const char* shm_bytes;  // nullptr: unset
+    long staging;
+  };
+  const Case cases[] = {{2, "8M", nullptr, 2 << 20}, {4, "8M", nullptr, 1 << 20},
+                        {3, "8M", nullptr, 1396736}, {4, "2M", nullptr, 512 << 10},
+                        {2, "1G", nullptr, 4 << 20}, {4, "8M", "4194304", 4 << 20}};
+  // Unset WEFT_SHM_BYTES also takes no more than 1/64 of /dev/shm's free room over the ranks:
+  // 1 GiB free leaves every case below its cache-sized staging.
+  struct statvfs shm {};
+  ASSERT_EQ(statvfs("/dev/shm", &shm), 0);
+  const uint64_t room = static_cast<uint64_t>(shm.f_bavail) * shm.f_frsize;
+  if (room < 64 * 4 * (uint64_t{4} << 20))
+    GTEST_SKIP() << "/dev/shm has " << room << " bytes free: the staging would follow the room";
+  for (const Case& c : cases) {
+    TraceLogs::Env env = {{"WEFT_CACHE_BYTES", c.cache}, {"WEFT_DEBUG_SUBSYS", "INIT"}};
+    env.push_back({"WEFT_SHM_BYTES", c.shm_bytes != nullptr ? c.shm_bytes : ""});  // "": unset
+    run_ranks(
+        c.nranks,
+        [&c](const RankContext& context) {
+          weftComm_t world = init_comm(context);
+          EXPECT_EQ(logged_sum("direct algorithms over "), c.staging)
+              << c.nranks << " ranks, WEFT_CACHE_BYTES=" << c.cache;
+          EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+        },
+        logs.options(env));
   }
 }
 

@@ -1,12 +1,17 @@
 // The streaming copy into staging: every alignment and length, nothing outside the
-// destination touched. (The choice to use it: timed_choice_test.cc.)
+// destination touched (the choice to use it: timed_choice_test.cc); the last-level cache
+// read from sysfs-like directories.
 #include "core/staging_stores.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
 namespace weft {
@@ -29,6 +34,62 @@ TEST(CopyStreaming, EveryAlignmentAndLengthExactly) {
         for (std::byte* b = to + length; b < dst.data() + dst.size(); ++b)
           ASSERT_EQ(*b, std::byte{0xA5});
       }
+}
+
+// A directory laid out as /sys/devices/system/cpu/cpuN/cache, removed with the object.
+class CacheDir {
+ public:
+  CacheDir() {
+    char pattern[] = "/tmp/weft-cache-test-XXXXXX";
+    EXPECT_NE(mkdtemp(pattern), nullptr);
+    path_ = pattern;
+  }
+  ~CacheDir() { std::filesystem::remove_all(path_); }
+  void add(int index, const char* level, const char* type, const char* size) const {
+    const std::filesystem::path dir =
+        std::filesystem::path(path_) / ("index" + std::to_string(index));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "level") << level << "\n";
+    std::ofstream(dir / "type") << type << "\n";
+    if (size != nullptr) std::ofstream(dir / "size") << size << "\n";
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(LastLevelCache, TheHighestLevelOfDataOrUnifiedCacheWithItsSuffix) {
+  CacheDir cpu;
+  cpu.add(0, "1", "Data", "32K");
+  cpu.add(1, "1", "Instruction", "32K");
+  cpu.add(2, "2", "Unified", "1024K");
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), 1024u << 10);
+  cpu.add(3, "3", "Unified", "8192K");
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), 8192u << 10);
+  // An instruction cache never counts, however high; sizes in M are read too.
+  cpu.add(4, "4", "Instruction", "64M");
+  cpu.add(5, "3", "Unified", "32M");
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), uint64_t{32} << 20);
+}
+
+TEST(LastLevelCache, NoneListedIsZero) {
+  EXPECT_EQ(last_level_cache_bytes("/nonexistent/weft/cache"), 0u);
+  CacheDir cpu;
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), 0u);
+  cpu.add(0, "3", "Unified", nullptr);  // no size file
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), 0u);
+}
+
+TEST(LastLevelCache, PlainBytesAndGigabytesAndUnreadableSizes) {
+  CacheDir cpu;
+  cpu.add(0, "2", "Unified", "524288");
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), 524288u);
+  cpu.add(1, "3", "Unified", "0K");  // unreadable: the level below stands
+  cpu.add(2, "3", "Data", "many");
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), 524288u);
+  cpu.add(3, "4", "Unified", "1G");
+  EXPECT_EQ(last_level_cache_bytes(cpu.path()), uint64_t{1} << 30);
 }
 
 }  // namespace
