@@ -1034,15 +1034,20 @@ inline bool DirectState::packs_and_unpacks(const DirectCall& call) const {
 
 // Whether an AllToAllv's own block can go straight from its input to its output: the
 // buffers, as far as the counts reach, do not overlap (there is no in-place AllToAllv).
-bool DirectState::own_block_direct_v(const Job& job) const {
+DirectState::Extents DirectState::alltoallv_extents(const Job& job) const {
   const DirectCall::PeerCounts& peers = *job.direct->peers;
-  uint64_t input = 0, output = 0;
+  Extents extents;
   for (int q = 0; q < nranks_; ++q) {
-    input = std::max(input, peers.send_displs[q] + peers.send_counts[q]);
-    output = std::max(output, peers.recv_displs[q] + peers.recv_counts[q]);
+    extents.input = std::max(extents.input, peers.send_displs[q] + peers.send_counts[q]);
+    extents.output = std::max(extents.output, peers.recv_displs[q] + peers.recv_counts[q]);
   }
+  return extents;
+}
+
+bool DirectState::own_block_direct_v(const Job& job) const {
+  const Extents extents = alltoallv_extents(job);
   const size_t e = job.math.element_size;
-  return !overlaps(job.input, input * e, job.output, output * e);
+  return !overlaps(job.input, extents.input * e, job.output, extents.output * e);
 }
 
 bool DirectState::streams_output(const Job& job) const {
@@ -1067,13 +1072,13 @@ bool DirectState::streams_output(const Job& job) const {
       input = output = n * call.count;
       reads_output = overlaps(job.input, input * e, job.output, output * e);
       break;
-    case algo::Collective::AllToAllv:
-      for (int q = 0; q < nranks_; ++q) {
-        input = std::max(input, call.peers->send_displs[q] + call.peers->send_counts[q]);
-        output = std::max(output, call.peers->recv_displs[q] + call.peers->recv_counts[q]);
-      }
+    case algo::Collective::AllToAllv: {
+      const Extents extents = alltoallv_extents(job);
+      input = extents.input;
+      output = extents.output;
       reads_output = overlaps(job.input, input * e, job.output, output * e);
       break;
+    }
     default:
       return false;
   }

@@ -385,6 +385,11 @@ class DirectState {
   uint64_t round_bytes(const Job& job, const DirectRun& run) const;
   // Whether an AllToAllv's own block skips the staging (pack and unpack decide alike).
   bool own_block_direct_v(const Job& job) const;
+  // An AllToAllv's buffers as far as its counts reach, in elements past input and output.
+  struct Extents {
+    uint64_t input = 0, output = 0;
+  };
+  Extents alltoallv_extents(const Job& job) const;
   // Whether this rank's unpack writes the staged op's output with streaming stores: an
   // AllGather, Broadcast or AllToAll(v) whose buffers over the node's ranks reach
   // output_stream_floor_ (the last-level cache), whose output is not input this rank reads,
