@@ -117,8 +117,9 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_SHM_CMA_BYTES", "",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
      "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "
-     "copy); smaller ones are staged. 0 disables it. Unset: 1M while the node has a core per "
-     "rank, off when its ranks outnumber its cores (staging was faster there).",
+     "copy), and out-of-place AllReduce reads to reduce; smaller ones are staged. 0 disables "
+     "it. Unset: 16K while the node has a core per rank, each rank then timing both ways; off "
+     "when its ranks outnumber its cores (staging was faster there).",
      EnvKind::kBytes},
 };
 }  // namespace

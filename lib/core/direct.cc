@@ -252,10 +252,12 @@ bool zero_copy_capable(const DirectCall& call) {
   }
 }
 
-// Collectives whose peers only copy the input (a reduction would need it in place).
+// Collectives whose peers copy the input, and AllReduce, whose peers reduce what they read
+// piece by piece from a scratch (DirectState::reduce_read_inputs). A Reduce's root alone
+// would read and reduce every input while its peers idle; staged, they copy in parallel.
 bool cma_capable(algo::Collective collective) {
   return collective == algo::Collective::AllGather || collective == algo::Collective::Broadcast ||
-         collective == algo::Collective::AllToAll;
+         collective == algo::Collective::AllToAll || collective == algo::Collective::AllReduce;
 }
 
 size_t collective_index(algo::Collective collective) {
@@ -1261,8 +1263,12 @@ inline void DirectState::unpack(const Job& job, const DirectRun& run) const {
 // Which of a collective's kStoreSizeClasses a size of at least `floor` falls in: powers
 // of two from the floor, the last class taking the rest.
 size_t DirectState::choice_index(algo::Collective collective, uint64_t bytes, uint64_t floor) {
-  const size_t size_class = std::min<size_t>(kStoreSizeClasses, std::bit_width(bytes / floor)) - 1;
-  return collective_index(collective) * kStoreSizeClasses + size_class;
+  return collective_index(collective) * kStoreSizeClasses +
+         size_class(bytes, floor, kStoreSizeClasses);
+}
+
+size_t DirectState::size_class(uint64_t bytes, uint64_t floor, size_t classes) {
+  return std::min<size_t>(classes, std::bit_width(bytes / floor)) - 1;
 }
 
 // Out of line: the rounds whose stores are chosen are large, and the untimed ones take
@@ -1472,11 +1478,15 @@ DirectState::Offer DirectState::chosen_offer(const Job& job, const std::byte* in
   Offer offer = offer_for(job, input);
   if (offer.kind != Offer::kCma || !cma_chosen_) return offer;
   // Every rank that offers asks its choice for the same ops, so that their turns and probes
-  // coincide: an op reads by CMA only if all of them offer.
+  // coincide: an op reads by CMA only if all of them offer. (Ranks whose placements differ
+  // ask different choices: their turns drift apart and more of their ops are staged.)
   const DirectCall& call = *job.direct;
   const uint64_t block = call.count * job.math.element_size;
-  TimedChoice& choice = cma_choices_[choice_index(call.collective, block,
-                                                  cma_bytes_[collective_index(call.collective)])];
+  const size_t c = collective_index(call.collective);
+  const bool in_place =
+      input == job.output + (call.collective == algo::Collective::AllGather ? rank_ * block : 0);
+  TimedChoice& choice = cma_choices_[(c * 2 + in_place) * kCmaSizeClasses +
+                                     size_class(block, cma_bytes_[c], kCmaSizeClasses)];
   run->path_timed = true;
   path_timing_.choice = &choice;
   path_timing_.bytes = offer.bytes;
@@ -1612,6 +1622,27 @@ Status DirectState::read_input(int q, size_t offset, std::byte* dst, size_t byte
   return Status::Ok();
 }
 
+Status DirectState::reduce_read_inputs(const Job& job) {
+  const DirectCall& call = *job.direct;
+  const size_t e = job.math.element_size;
+  const uint64_t chunk = std::max<uint64_t>(1, kReduceChunkBytes / e);
+  bool reads = false;
+  for (const Source& source : sources_) reads = reads || source.local == nullptr;
+  if (reads && cma_scratch_.size() < nranks_ * chunk * e) cma_scratch_.resize(nranks_ * chunk * e);
+  for (uint64_t begin = 0; begin < call.count; begin += chunk) {
+    const uint64_t length = std::min(chunk, call.count - begin);
+    for (int q = 0; q < nranks_; ++q)
+      if (sources_[q].local == nullptr)
+        WEFT_RETURN_IF_ERROR(
+            read_input(q, begin * e, cma_scratch_.data() + q * chunk * e, length * e, false));
+    reduce_ranks(job.math, nranks_, job.output + begin * e, length, [&](int q) {
+      return sources_[q].local != nullptr ? sources_[q].local + begin * e
+                                          : cma_scratch_.data() + q * chunk * e;
+    });
+  }
+  return Status::Ok();
+}
+
 template <typename Read>
 Status DirectState::for_each_read(const Job& job, Read read) const {
   const DirectCall& call = *job.direct;
@@ -1679,9 +1710,10 @@ bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
     const DirectCall& call = *job.direct;
     const size_t bytes = call.count * job.math.element_size;
     Status read;
-    if (call.collective == algo::Collective::AllReduce ||
-        (call.collective == algo::Collective::Reduce && rank_ == call.root)) {
-      // Every input is mapped: CMA offers are refused.
+    if (call.collective == algo::Collective::AllReduce) {
+      read = reduce_read_inputs(job);
+    } else if (call.collective == algo::Collective::Reduce && rank_ == call.root) {
+      // Every input is mapped: a Reduce takes no CMA offers.
       reduce_ranks(job.math, nranks_, job.output, call.count,
                    [&](int q) { return sources_[q].local; });
     } else if (TimedChoice* stores = copy_stores_for(job)) {

@@ -51,8 +51,10 @@
 // memory may still be offered by cross-memory attach (its pid and address):
 // peers copy it with process_vm_readv straight into their output, one copy
 // instead of two, then raise their done word as above. Offers of both kinds
-// mix in one op. Only AllGather, Broadcast and AllToAll take it (reductions
-// with a CMA offer are staged), from WEFT_SHM_CMA_BYTES per block (0: never;
+// mix in one op. AllGather, Broadcast, AllToAll and out-of-place AllReduce take it (a
+// Reduce with a CMA offer is staged; an in-place AllReduce too: it would overwrite what
+// its peers read, and writing pieces only once copied ran 1.2-2.6x slower than staging
+// in both host states), from WEFT_SHM_CMA_BYTES per block (0: never;
 // unset: kAutoCmaBytes unless the node's ranks outnumber its cores, where a
 // rank's read waits for its peer's time slice twice and staging was faster).
 // Init probes it collectively (every rank reads a word of every peer, skipped
@@ -86,15 +88,15 @@ namespace weft {
 
 struct Job;
 
-// WEFT_SHM_CMA_BYTES when unset and the ranks have a core each. With 2 ranks on 2 cores,
-// staging was 1.2-3x faster than a CMA read up to 512 KiB blocks in this host's fast state
-// and at most 1.4x slower in its slow one, where cache lines move slowly between the cores;
-// from 1 MiB blocks a staged op takes 2-2.5x longer there, and the CMA read does not
-// (docs/shared-memory.md).
-// From there each rank times both ways (DirectState::cma_choices_): since streaming stores,
-// staging is as fast as a CMA read or faster from 4 MiB in the fast state, and in place in
-// the slow state a CMA read is still 1.2-1.4x faster.
-inline constexpr uint64_t kAutoCmaBytes = 1 << 20;
+// WEFT_SHM_CMA_BYTES when unset and the ranks have a core each: from there each rank times
+// both ways (DirectState::cma_choices_). The faster way changes with the host's state as
+// well as the size: at 2 ranks in the slow state a CMA read ran AllGather and AllToAll of
+// 32 KiB-512 KiB blocks and out-of-place AllReduce of 16-256 KiB about twice as fast as
+// staging; in the fast state staging was as fast or faster at most of those sizes, in place
+// by up to 1.5x (docs/shared-memory.md, "CMA chosen from 16 KiB blocks"). Smaller blocks
+// gain a microsecond at most where CMA wins (8 KiB: 3.5 against 4.8 us) and lost 1.2-3x
+// where it did not (2026-12-06), more than the choice's probes would win back.
+inline constexpr uint64_t kAutoCmaBytes = 16 << 10;
 // How much faster per byte CMA must be to be chosen there: the op is timed whole (both
 // ways' waits included), so nothing of either way's cost falls outside its figure.
 inline constexpr double kCmaMargin = 1.0;
@@ -407,6 +409,9 @@ class DirectState {
   // Where a collective's choice for `bytes` (at least `floor`) lies in stores_ or
   // cma_choices_.
   static size_t choice_index(algo::Collective collective, uint64_t bytes, uint64_t floor);
+  // Which of `classes` size classes `bytes` (at least `floor`) falls in: powers of two from
+  // the floor, the last class taking the rest.
+  static size_t size_class(uint64_t bytes, uint64_t floor, size_t classes);
   // pack and unpack for a round whose stores are chosen: timed, the time handed to stores_.
   bool timed_pack(const Job& job, const std::byte* input, const DirectRun& run);
   void timed_unpack(const Job& job, const DirectRun& run);
@@ -447,6 +452,10 @@ class DirectState {
   // The choice of stores for a zero-copy op's copies from mapped memory, when they are
   // chosen: blocks from stream_floor_, and a block that is not already in place.
   TimedChoice* copy_stores_for(const Job& job);
+  // An AllReduce's zero-copy reduction: every input reduced in rank order (the same bits
+  // on every rank), piece by piece, each piece of a peer read by CMA first copied into
+  // cma_scratch_, where the reduction finds it in the cache.
+  Status reduce_read_inputs(const Job& job);
   // Reads the peers' inputs, then waits until every peer read this rank's.
   bool zero_copy(const Job& job, DirectRun* run, bool* progressed);
   // What each rank tells the others at init's second stage: where its CMA
@@ -535,10 +544,14 @@ class DirectState {
   RoundTiming timing_;
   // Whether this rank times CMA against staging for blocks from its CMA threshold
   // (WEFT_SHM_CMA_BYTES unset) and offers its input only while CMA is the faster way; one
-  // refusal stages the op on every rank. By collective and block size, as stores_ (from
-  // cma_bytes_).
+  // refusal stages the op on every rank. By collective, in place or not (a staged in-place
+  // AllGather skips its own block's copy: at 2 ranks from 256 KiB blocks it ran 1.7-1.9x
+  // faster than out of place, a CMA read about as fast either way), and block size in
+  // powers of two from cma_bytes_: at 2 ranks the faster way changed with the size as
+  // well as with the host's state.
   bool cma_chosen_ = false;
-  std::array<TimedChoice, algo::kNumCollectives * kStoreSizeClasses> cma_choices_;
+  static constexpr size_t kCmaSizeClasses = 11;  // 16 KiB to 16 MiB blocks from the default
+  std::array<TimedChoice, algo::kNumCollectives * 2 * kCmaSizeClasses> cma_choices_;
   // The stores of zero-copy ops' copies from mapped memory (an AllGather's or AllToAll's
   // own block, a Broadcast root's out-of-place output, peers' weftMemAlloc inputs), chosen
   // as stores_ is, from stream_floor_ by collective and block size; timed: the op from its
@@ -572,6 +585,7 @@ class DirectState {
     uint64_t address = 0;
   };
   std::vector<Source> sources_;
+  std::vector<std::byte> cma_scratch_;  // reduce_read_inputs: a piece per rank read by CMA
 };
 
 }  // namespace weft

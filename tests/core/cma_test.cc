@@ -84,15 +84,18 @@ int cma_reads_expected(const Case& c, int rank, int n) {
       return rank == c.root ? 0 : 1;
     case Collective::AllToAll:  // in place a rank would overwrite blocks peers still read
       return c.in_place ? 0 : n - 1;
-    default:  // reductions are staged
+    case Collective::AllReduce:  // a PreMulSum reduces a scaled copy of its input
+      return c.in_place && c.op != kPreMulSum ? 0 : n - 1;
+    default:  // a Reduce is staged
       return 0;
   }
 }
 
-// The thresholds WEFT_SHM_CMA_BYTES=`bytes` sets: the same for every collective that copies.
+// The thresholds WEFT_SHM_CMA_BYTES=`bytes` sets: the same for every collective that takes it.
 CmaThresholds uniform(size_t bytes) {
   CmaThresholds thresholds{};
-  for (Collective collective : {Collective::AllGather, Collective::Broadcast, Collective::AllToAll})
+  for (Collective collective :
+       {Collective::AllGather, Collective::Broadcast, Collective::AllToAll, Collective::AllReduce})
     thresholds[static_cast<size_t>(collective)] = bytes;
   return thresholds;
 }
@@ -129,7 +132,8 @@ const Collective kAll[] = {Collective::AllGather, Collective::Broadcast, Collect
 
 class CmaMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
 
-// Counts 0, 1, 7 and past the (4 KiB) staging, every block read by CMA.
+// Counts 0, 1, 7, past the (4 KiB) staging, and past an AllReduce's pieces read by CMA
+// (64 KiB: several pieces and a short one for every type): every block read by CMA.
 TEST_P(CmaMatrix, ExactAndReadByCma) {
   CmaLogs logs;
   run_ranks(
@@ -137,7 +141,7 @@ TEST_P(CmaMatrix, ExactAndReadByCma) {
       [](const RankContext& context) {
         weftComm_t world = init_comm(context);
         weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
-        const size_t counts[] = {0, 1, 7, kStagingBytes + 5};
+        const size_t counts[] = {0, 1, 7, kStagingBytes + 5, 5 * 16384 + 3};
         int expected = run_cases(comm, context, kAll, counts, uniform(1));
         EXPECT_GT(expected, 0);
         EXPECT_EQ(cma_reads_logged(), expected);
@@ -252,6 +256,49 @@ TEST_F(NoLeftovers, UnsetThresholdTimesBothWaysOnEveryRankAlike) {
         EXPECT_EQ(chosen_ops_logged(true), static_cast<int>(per_way));
         EXPECT_EQ(chosen_ops_logged(false), static_cast<int>(per_way));
         EXPECT_EQ(cma_reads_logged(), static_cast<int>(per_way));
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      logs.options({}));
+}
+
+// Each placement and each power of two of block size from the threshold has a choice of its
+// own: in-place and out-of-place AllGathers of 8x and 16x the threshold, taken in turn, each
+// explore both ways as if alone (kWindow + kCmaWarmup ops of each). One choice shared by
+// two of them would have settled on a way after its first 2 (kWindow + kCmaWarmup) ops and
+// kept it, logging more ops of that way than of the other.
+TEST_F(NoLeftovers, UnsetThresholdChoosesByPlacementAndSize) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "2 ranks on 1 core never read by CMA";
+  TraceLogs logs({});
+  run_ranks(
+      2,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const int me = context.rank;
+        const size_t per_way = TimedChoice::kWindow + kCmaWarmup, largest = 16 * kAutoCmaBytes;
+        std::vector<std::byte> input(largest), output(2 * largest);
+        int kinds = 0;
+        for (size_t op = 0; op < 2 * per_way; ++op)
+          for (size_t bytes : {8 * kAutoCmaBytes, largest})
+            for (bool in_place : {false, true}) {
+              SCOPED_TRACE("op " + std::to_string(op) + ", " + std::to_string(bytes) + " bytes" +
+                           (in_place ? ", in place" : ""));
+              kinds += op == 0;
+              std::byte* mine = in_place ? output.data() + me * bytes : input.data();
+              auto value = [&](int q, size_t i) {
+                return static_cast<std::byte>((q * 31 + op * 7 + i + bytes / 1024) % 253);
+              };
+              for (size_t i = 0; i < bytes; ++i) mine[i] = value(me, i);
+              ASSERT_EQ(weftAllGather(mine, output.data(), bytes, weftUint8, comm, nullptr),
+                        weftSuccess);
+              for (int q = 0; q < 2; ++q)
+                for (size_t i = 0; i < bytes; ++i)
+                  ASSERT_EQ(output[q * bytes + i], value(q, i)) << "rank " << q << " byte " << i;
+            }
+        EXPECT_EQ(chosen_ops_logged(true), static_cast<int>(kinds * per_way));
+        EXPECT_EQ(chosen_ops_logged(false), static_cast<int>(kinds * per_way));
+        EXPECT_EQ(cma_reads_logged(), static_cast<int>(kinds * per_way));
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
@@ -432,9 +479,18 @@ TEST_F(NoLeftovers, MappedAndCmaOffersMix) {
         for (int q = 0; q < n; ++q)
           for (size_t i = 0; i < count; ++i)
             wrong += output[q * count + i] != pattern_value(q, context.rank * count + i);
+        // An AllReduce reduces rank 0's mapped input with the others' read by CMA.
+        ASSERT_EQ(weftAllReduce(input, output.data(), n * count, weftInt32, weftSum, comm, nullptr),
+                  weftSuccess)
+            << weftGetLastError(comm);
+        for (size_t i = 0; i < n * count; ++i) {
+          int64_t sum = 0;
+          for (int q = 0; q < n; ++q) sum += pattern_value(q, i);
+          wrong += output[i] != static_cast<int32_t>(sum);
+        }
         EXPECT_EQ(wrong, 0u);
-        // Every peer but rank 0 was read by CMA, in both ops.
-        EXPECT_EQ(cma_reads_logged(), 2 * (context.rank == 0 ? n - 1 : n - 2));
+        // Every peer but rank 0 was read by CMA, in the three ops.
+        EXPECT_EQ(cma_reads_logged(), 3 * (context.rank == 0 ? n - 1 : n - 2));
         if (context.rank == 0) {
           EXPECT_EQ(weftCommDeregister(comm, handle), weftSuccess);
           EXPECT_EQ(weftMemFree(shared), weftSuccess);
@@ -493,7 +549,7 @@ TEST_F(NoLeftovers, InputRewrittenRightAfterReturn) {
 }
 
 // A rank killed while its peers read its input by CMA: every survivor
-// returns an error well within the timeout.
+// returns an error well within the timeout, from an AllGather or an AllReduce.
 TEST_F(NoLeftovers, KilledPeerIsAnErrorOnEverySurvivor) {
   constexpr int kTimeoutMs = 20000;
   CmaLogs logs;
@@ -507,14 +563,17 @@ TEST_F(NoLeftovers, KilledPeerIsAnErrorOnEverySurvivor) {
         weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot, kTimeoutMs);
         const size_t count = 1 << 18;
         std::vector<int32_t> input(count, context.rank), output(context.nranks * count);
-        for (int op = 0; op < 20; ++op)
-          ASSERT_EQ(weftAllGather(input.data(), output.data(), count, weftInt32, comm, nullptr),
-                    weftSuccess);
+        auto call = [&](int op) {
+          return op % 2 == 0
+                     ? weftAllGather(input.data(), output.data(), count, weftInt32, comm, nullptr)
+                     : weftAllReduce(input.data(), output.data(), count, weftInt32, weftMax, comm,
+                                     nullptr);
+        };
+        for (int op = 0; op < 20; ++op) ASSERT_EQ(call(op), weftSuccess);
         if (context.rank == 2) raise(SIGKILL);
         auto start = std::chrono::steady_clock::now();
         weftResult_t result = weftSuccess;
-        for (int op = 0; op < 1000 && result == weftSuccess; ++op)
-          result = weftAllGather(input.data(), output.data(), count, weftInt32, comm, nullptr);
+        for (int op = 0; op < 1000 && result == weftSuccess; ++op) result = call(op);
         EXPECT_NE(result, weftSuccess);
         EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                   kTimeoutMs / 1000.0 / 2)

@@ -13,7 +13,7 @@ namespace {
 
 using algo::Collective;
 
-// The floors per collective: only AllGather, Broadcast and AllToAll read by CMA; unset,
+// The floors per collective: only AllGather, Broadcast, AllToAll and AllReduce read by CMA; unset,
 // kAutoCmaBytes with a core per rank and never on shared cores; a set value everywhere.
 TEST(CmaThresholds, FollowTheSettingAndTheCores) {
   for (bool oversubscribed : {false, true})
@@ -22,9 +22,9 @@ TEST(CmaThresholds, FollowTheSettingAndTheCores) {
       const CmaThresholds thresholds = cma_thresholds(set, oversubscribed);
       for (size_t c = 0; c < thresholds.size(); ++c) {
         const auto collective = static_cast<Collective>(c);
-        const bool capable = collective == Collective::AllGather ||
-                             collective == Collective::Broadcast ||
-                             collective == Collective::AllToAll;
+        const bool capable =
+            collective == Collective::AllGather || collective == Collective::Broadcast ||
+            collective == Collective::AllToAll || collective == Collective::AllReduce;
         const uint64_t expected = !capable ? 0 : set ? *set : oversubscribed ? 0 : kAutoCmaBytes;
         EXPECT_EQ(thresholds[c], expected)
             << algo::collective_name(collective) << (oversubscribed ? ", oversubscribed" : "");
