@@ -103,8 +103,11 @@ constexpr EnvVar kEnvTable[] = {
      "The last-level cache (bytes) the direct path sizes against: unless WEFT_SHM_BYTES is "
      "set, each rank's staging is at most cache / (2 * ranks); and a staged AllGather, "
      "Broadcast or AllToAll(v) whose buffers over the node's ranks reach it writes its output "
-     "with streaming stores. Unset: the CPU's last-level data or unified cache as sysfs lists "
-     "it; none there, neither.",
+     "with streaming stores; an AllReduce some rank offers by cross-memory attach whose "
+     "inputs over the node's ranks reach half of it runs in two phases (reduce a slice, then "
+     "gather); where ranks outnumber cores, an AllToAll whose buffers exceed it is staged. "
+     "Unset: "
+     "the CPU's last-level data or unified cache as sysfs lists it; none there, none of these.",
      EnvKind::kBytes},
     {"WEFT_SHM_STREAM_BYTES", "1M",
      "Smallest direct-path round (bytes a rank writes to its staging in an op's first round) "
@@ -117,9 +120,12 @@ constexpr EnvVar kEnvTable[] = {
     {"WEFT_SHM_CMA_BYTES", "",
      "Smallest block (bytes per rank) that direct AllGather, Broadcast and AllToAll read "
      "straight out of a peer's unregistered buffer by cross-memory attach (process_vm_readv, one "
-     "copy), and out-of-place AllReduce reads to reduce; smaller ones are staged. 0 disables "
-     "it. Unset: 16K while the node has a core per rank, each rank then timing both ways; off "
-     "when its ranks outnumber its cores (staging was faster there).",
+     "copy), and AllReduce reads to reduce (in place, in two phases); smaller ones are staged. "
+     "0: this rank offers nothing so, and its ops whose input is unregistered are staged (with a "
+     "registered input it may still read its peers so). Unset: 16K while the "
+     "node has a core per rank, each rank then timing both ways; when its ranks outnumber "
+     "its cores only AllToAll, untimed, from 32K blocks while its buffers over the node fit "
+     "WEFT_CACHE_BYTES (elsewhere staging was faster there).",
      EnvKind::kBytes},
 };
 }  // namespace

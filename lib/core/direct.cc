@@ -240,8 +240,9 @@ bool own_block_direct(const std::byte* input, const std::byte* output, size_t by
 
 bool zero_copy_capable(const DirectCall& call) {
   switch (call.collective) {
-    case algo::Collective::AllReduce:
-      return call.algorithm == algo::Algorithm::OneShot;
+    case algo::Collective::AllReduce:  // TwoShot in two phases (DirectState::offer_for)
+      return call.algorithm == algo::Algorithm::OneShot ||
+             call.algorithm == algo::Algorithm::TwoShot;
     case algo::Collective::Reduce:
     case algo::Collective::AllGather:
     case algo::Collective::Broadcast:
@@ -356,8 +357,13 @@ struct DirectState::Control {
   alignas(kLine) std::atomic<uint64_t> offer_op{0};
   std::atomic<uint32_t> offer_kind{0}, offer_pid{0};
   std::atomic<uint64_t> offer_serial{0}, offer_segment_bytes{0}, offer_offset{0}, offer_bytes{0};
-  // The last zero-copy op in which this rank finished reading its peers' inputs.
+  // An AllReduce's: its output's address, and whether it needs the two phases.
+  std::atomic<uint64_t> offer_output{0};
+  std::atomic<uint32_t> offer_two_phase{0};
+  // The last zero-copy op in which this rank finished reading its peers' inputs; the last
+  // two-phase AllReduce whose slice it reduced.
   alignas(kLine) std::atomic<uint64_t> done{0};
+  std::atomic<uint64_t> reduced{0};
   // Per lane slot: the last lane round this rank published in it, its call's tag below it
   // as in a ready word (after the slot's own word when it writes one). What a sender acks:
   // eight rounds to a line, a sender's look at them moves a line every eight calls.
@@ -385,6 +391,8 @@ struct DirectState::Offer {
   Kind kind = kRefused;
   uint32_t pid = 0;
   uint64_t serial = 0, segment_bytes = 0, offset = 0, bytes = 0;
+  uint64_t output = 0;     // an AllReduce's output, at this address of this rank's process
+  bool two_phase = false;  // an AllReduce read in two phases (DirectRun::two_phase)
 };
 
 CmaThresholds cma_thresholds(std::optional<uint64_t> set, bool oversubscribed) {
@@ -392,6 +400,8 @@ CmaThresholds cma_thresholds(std::optional<uint64_t> set, bool oversubscribed) {
   for (size_t c = 0; c < thresholds.size(); ++c)
     if (cma_capable(static_cast<algo::Collective>(c)))
       thresholds[c] = set ? *set : oversubscribed ? 0 : kAutoCmaBytes;
+  if (!set && oversubscribed)
+    thresholds[collective_index(algo::Collective::AllToAll)] = kOversubscribedAllToAllCmaBytes;
   return thresholds;
 }
 
@@ -407,8 +417,10 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
   zero_copy_bytes_ = env_value("WEFT_SHM_ZERO_COPY_BYTES");
   const std::optional<uint64_t> cma_bytes = env_value_if_set("WEFT_SHM_CMA_BYTES", "the default");
   cma_bytes_ = cma_thresholds(cma_bytes, oversubscribed);
-  // A threshold the user set is kept as set; the default is a floor for the timed choice.
-  cma_chosen_ = !cma_bytes;
+  // A threshold the user set is kept as set; the default is a floor for the timed choice,
+  // but where ranks share cores (they would time each other's time slices) a fixed window.
+  cma_chosen_ = !cma_bytes && !oversubscribed;
+  if (!cma_bytes && oversubscribed) cma_buffer_bound_ = node_cache_bytes();
   cma_choices_.fill(TimedChoice(kCmaMargin, TimedChoice::Probe::Alternate, kCmaWarmup));
   stores_.fill(TimedChoice(kStreamingMargin, TimedChoice::Probe::OtherWay));
   // Probes alike on every rank: an op's time includes its peers' copies, so a rank's figure
@@ -423,6 +435,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
       !streaming_stores_available() || env_value("WEFT_SHM_STREAM_BYTES") == 0 || cache == 0
           ? UINT64_MAX
           : cache;
+  two_phase_floor_ = cache == 0 ? UINT64_MAX : cache / 2;
   if (nranks > 1 && !same_node) {
     unavailable_reason_ = "this communicator's ranks are on several nodes";
     return Status::Ok();
@@ -524,7 +537,8 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
                           cma_probe_,
                           zero_copy_bytes_,
                           static_cast<uint64_t>(check_),
-                          cma_bytes_};
+                          cma_bytes_,
+                          cma_buffer_bound_};
     std::vector<std::string> words;
     Status attached = agree(
         allgather, opened, std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)), &words);
@@ -548,6 +562,7 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
                      "the same value on every rank)",
                      q, check_mode_name(setups[q].check), check_mode_name(setups[0].check));
     WEFT_RETURN_IF_ERROR(probe_cma(allgather, setups));
+    for (const SetupWords& setup : setups) pids_.push_back(static_cast<pid_t>(setup.pid));
     for (size_t c = 0; c < cma_floors_.size(); ++c) {
       // Below the largest of the ranks' smallest offer sizes some rank refuses every offer,
       // so such ops are staged without publishing offers (a synchronisation less per call).
@@ -563,6 +578,12 @@ Status DirectState::init(int rank, int nranks, bool same_node, bool oversubscrib
       }
       if (!every_rank_offers) cma_floors_[c] = 0;
     }
+    // Where ranks share cores an AllToAll is read by CMA only while its buffers fit the
+    // cache: the cost model, whose single copy has no ceiling, keeps timing it staged. Any
+    // rank's bound counts, so that every rank's tuner decides alike.
+    for (const SetupWords& setup : setups)
+      if (setup.cma_buffer_bound != UINT64_MAX)
+        cma_floors_[collective_index(algo::Collective::AllToAll)] = 0;
   }
   // The header's pages (control, announcements, lanes) are mapped now, so that the first
   // small calls take no page fault; the staging's at the first op that writes them
@@ -1440,11 +1461,16 @@ DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input
   if (bytes < (cma ? std::min(zero_copy_bytes_, cma_bytes) : zero_copy_bytes_)) return {};
   if (call.collective == algo::Collective::Broadcast && rank_ != call.root)
     return {Offer::kUnneeded};
+  // An AllReduce in place cannot be read in one step: only in two phases, whose second
+  // reads the outputs by CMA.
+  const bool reduced_in_place = call.collective == algo::Collective::AllReduce && input == out;
+  const bool cma_reads = cma && bytes >= cma_bytes;
+  if (reduced_in_place && !cma_reads) return {};
   // Peers read the input while this rank writes its output: they must not meet.
   bool apart = false;
   switch (call.collective) {
-    case algo::Collective::AllReduce:
-      apart = !overlaps(input, bytes, out, bytes);
+    case algo::Collective::AllReduce:  // in place, its slices are written apart (two-phase)
+      apart = input == out || !overlaps(input, bytes, out, bytes);
       break;
     case algo::Collective::Reduce:
       apart = rank_ != call.root || !overlaps(input, bytes, out, bytes);
@@ -1463,14 +1489,22 @@ DirectState::Offer DirectState::offer_for(const Job& job, const std::byte* input
   }
   if (!apart) return {};
   SharedLocation where;
+  Offer offer;
   if (bytes >= zero_copy_bytes_ && registry_ != nullptr && registry_->covers(input, input_bytes) &&
       find_shared(input, input_bytes, &where))
-    return {Offer::kMapped,      where.pid,    where.serial,
-            where.segment_bytes, where.offset, input_bytes};
-  if (cma && bytes >= cma_bytes)
-    return {Offer::kCma, static_cast<uint32_t>(getpid()),    0,
-            0,           reinterpret_cast<uintptr_t>(input), input_bytes};
-  return {};
+    offer = {Offer::kMapped,      where.pid,    where.serial,
+             where.segment_bytes, where.offset, input_bytes};
+  else if (cma && bytes >= cma_bytes && nranks_ * 2 * input_bytes <= cma_buffer_bound_)
+    offer = {Offer::kCma, static_cast<uint32_t>(getpid()),    0,
+             0,           reinterpret_cast<uintptr_t>(input), input_bytes};
+  offer.output = reinterpret_cast<uintptr_t>(out);
+  // Out of place, a TwoShot AllReduce read by CMA, or one whose inputs over the node outgrow
+  // two_phase_floor_, takes the two phases too (a registered input is read in one step).
+  offer.two_phase =
+      reduced_in_place ||
+      (call.collective == algo::Collective::AllReduce && offer.kind == Offer::kCma &&
+       (call.algorithm == algo::Algorithm::TwoShot || nranks_ * bytes >= two_phase_floor_));
+  return offer;
 }
 
 DirectState::Offer DirectState::chosen_offer(const Job& job, const std::byte* input,
@@ -1528,6 +1562,8 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
     mine.offer_segment_bytes.store(offer.segment_bytes, std::memory_order_relaxed);
     mine.offer_offset.store(offer.offset, std::memory_order_relaxed);
     mine.offer_bytes.store(offer.bytes, std::memory_order_relaxed);
+    mine.offer_output.store(offer.output, std::memory_order_relaxed);
+    mine.offer_two_phase.store(offer.two_phase ? 1 : 0, std::memory_order_relaxed);
     note_cpu();
     mine.offer_op.store(op, std::memory_order_release);
     ring_peers();
@@ -1542,11 +1578,13 @@ bool DirectState::choose_path(const Job& job, const std::byte* input, DirectRun*
   }
   for (Control* peer : controls_)
     if (peer->offer_op.load(std::memory_order_acquire) < op) return false;
-  for (Control* peer : controls_)
+  for (Control* peer : controls_) {
     if (peer->offer_kind.load(std::memory_order_relaxed) == Offer::kRefused) {
       run->path = Path::Staging;
       return true;
     }
+    run->two_phase = run->two_phase || peer->offer_two_phase.load(std::memory_order_relaxed) != 0;
+  }
   Status mapped = map_inputs(job, input);
   if (!mapped.ok()) {
     // The peers read in place already: failing the communicator is the only way out. The
@@ -1573,6 +1611,7 @@ Status DirectState::map_inputs(const Job& job, const std::byte* input) {
     const uint32_t pid = peer.offer_pid.load(std::memory_order_relaxed);
     const uint64_t offset = peer.offer_offset.load(std::memory_order_relaxed);
     const uint32_t kind = peer.offer_kind.load(std::memory_order_relaxed);
+    const uint64_t output = peer.offer_output.load(std::memory_order_relaxed);
     // Reading past a peer's input would take another buffer's bytes (or fault).
     if (kind != Offer::kUnneeded && peer.offer_bytes.load(std::memory_order_relaxed) != input_bytes)
       return Error(
@@ -1582,7 +1621,7 @@ Status DirectState::map_inputs(const Job& job, const std::byte* input) {
           static_cast<unsigned long long>(input_bytes));
     switch (kind) {
       case Offer::kCma:
-        sources_[q] = Source{nullptr, static_cast<pid_t>(pid), offset};
+        sources_[q] = Source{nullptr, static_cast<pid_t>(pid), offset, output};
         break;
       case Offer::kMapped: {
         std::pair<uint32_t, uint64_t> key{pid, peer.offer_serial.load(std::memory_order_relaxed)};
@@ -1595,6 +1634,7 @@ Status DirectState::map_inputs(const Job& job, const std::byte* input) {
           it = peer_memory_.emplace(key, std::move(segment)).first;
         }
         sources_[q].local = it->second.data() + offset;
+        sources_[q].output = output;
         break;
       }
       default:
@@ -1622,23 +1662,48 @@ Status DirectState::read_input(int q, size_t offset, std::byte* dst, size_t byte
   return Status::Ok();
 }
 
-Status DirectState::reduce_read_inputs(const Job& job) {
-  const DirectCall& call = *job.direct;
+Status DirectState::reduce_read_inputs(const Job& job, uint64_t begin, uint64_t end) {
   const size_t e = job.math.element_size;
   const uint64_t chunk = std::max<uint64_t>(1, kReduceChunkBytes / e);
-  bool reads = false;
+  // In place, the reduction's first step writes the output before a rank past the first two
+  // combines its own piece there: that piece is combined from a copy.
+  const bool own_copied = rank_ >= 2 && sources_[rank_].local == job.output;
+  bool reads = own_copied;
   for (const Source& source : sources_) reads = reads || source.local == nullptr;
   if (reads && cma_scratch_.size() < nranks_ * chunk * e) cma_scratch_.resize(nranks_ * chunk * e);
-  for (uint64_t begin = 0; begin < call.count; begin += chunk) {
-    const uint64_t length = std::min(chunk, call.count - begin);
+  const auto scratch = [&](int q) { return cma_scratch_.data() + q * chunk * e; };
+  for (uint64_t at = begin; at < end; at += chunk) {
+    const uint64_t length = std::min(chunk, end - at);
     for (int q = 0; q < nranks_; ++q)
-      if (sources_[q].local == nullptr)
-        WEFT_RETURN_IF_ERROR(
-            read_input(q, begin * e, cma_scratch_.data() + q * chunk * e, length * e, false));
-    reduce_ranks(job.math, nranks_, job.output + begin * e, length, [&](int q) {
-      return sources_[q].local != nullptr ? sources_[q].local + begin * e
-                                          : cma_scratch_.data() + q * chunk * e;
+      if (sources_[q].local == nullptr || (q == rank_ && own_copied))
+        WEFT_RETURN_IF_ERROR(read_input(q, at * e, scratch(q), length * e, false));
+    reduce_ranks(job.math, nranks_, job.output + at * e, length, [&](int q) {
+      return sources_[q].local != nullptr && !(q == rank_ && own_copied)
+                 ? sources_[q].local + at * e
+                 : scratch(q);
     });
+  }
+  return Status::Ok();
+}
+
+uint64_t DirectState::slice_begin(const Job& job, int q) const {
+  // Whole cache lines, where the count allows, so that the reductions start aligned.
+  const uint64_t count = job.direct->count, n = nranks_;
+  const uint64_t line = std::max<uint64_t>(1, kLine / job.math.element_size);
+  return std::min(count, ceil_div(count / n * q + count % n * q / n, line) * line);
+}
+
+Status DirectState::read_reduced_slices(const Job& job) {
+  const size_t e = job.math.element_size;
+  for (int q = 0; q < nranks_; ++q) {
+    const uint64_t begin = slice_begin(job, q), end = slice_begin(job, q + 1);
+    if (q == rank_ || begin == end) continue;
+    Status read = shm::cma_read(pids_[q], sources_[q].output + begin * e, job.output + begin * e,
+                                (end - begin) * e);
+    if (!read.ok())
+      return Error(weftRemoteError,
+                   "shared memory: reading rank %d's reduced slice by cross-memory attach: %s", q,
+                   read.message().c_str());
   }
   return Status::Ok();
 }
@@ -1706,12 +1771,28 @@ TimedChoice* DirectState::copy_stores_for(const Job& job) {
 
 bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
   const uint64_t op = run->ticket + 1;
+  if (run->two_phase && !run->reduced) {
+    Status reduced = reduce_read_inputs(job, slice_begin(job, rank_), slice_begin(job, rank_ + 1));
+    if (!reduced.ok()) {
+      job.comm->fail(reduced.code(), reduced.message());
+      return false;
+    }
+    control(rank_).reduced.store(op, std::memory_order_release);
+    ring_peers();
+    run->reduced = true;
+    *progressed = true;
+  }
   if (!run->read) {
     const DirectCall& call = *job.direct;
     const size_t bytes = call.count * job.math.element_size;
     Status read;
-    if (call.collective == algo::Collective::AllReduce) {
-      read = reduce_read_inputs(job);
+    if (run->two_phase) {
+      // The peers' slices are final, and no peer reads this rank's input any more.
+      for (Control* peer : controls_)
+        if (peer->reduced.load(std::memory_order_acquire) < op) return false;
+      read = read_reduced_slices(job);
+    } else if (call.collective == algo::Collective::AllReduce) {
+      read = reduce_read_inputs(job, 0, call.count);
     } else if (call.collective == algo::Collective::Reduce && rank_ == call.root) {
       // Every input is mapped: a Reduce takes no CMA offers.
       reduce_ranks(job.math, nranks_, job.output, call.count,
@@ -1732,8 +1813,9 @@ bool DirectState::zero_copy(const Job& job, DirectRun* run, bool* progressed) {
     if (log_enabled(LogLevel::TRACE, kLogCOLL)) {
       int cma = 0;
       for (int q = 0; q < nranks_; ++q) cma += sources_[q].pid != 0;
-      WEFT_LOG(TRACE, COLL, "direct %s op %llu: read in place, cma=%d peers",
-               algo::collective_name(call.collective), static_cast<unsigned long long>(op), cma);
+      WEFT_LOG(TRACE, COLL, "direct %s op %llu: read in place, cma=%d peers%s",
+               algo::collective_name(call.collective), static_cast<unsigned long long>(op), cma,
+               run->two_phase ? ", in two phases" : "");
     }
     control(rank_).done.store(op, std::memory_order_release);
     ring_peers();
@@ -1788,12 +1870,18 @@ std::string DirectState::describe(const DirectRun& run) const {
       what = "direct lane round " + std::to_string(round) + " with the ranks of this node";
     }
   } else if (run.path == DirectRun::Path::ZeroCopy) {
+    const bool reducing = run.reduced && !run.read;  // a two-phase AllReduce between phases
     if (run.read)
       laggards = ranks_where(
           nranks_, [&](int q) { return controls_[q]->done.load(std::memory_order_acquire) < op; });
+    else if (reducing)
+      laggards = ranks_where(nranks_, [&](int q) {
+        return controls_[q]->reduced.load(std::memory_order_acquire) < op;
+      });
     what = std::string("direct in-place op (mapped or CMA): ") +
-           (run.read ? "the peers to finish reading this rank's input"
-                     : "this rank to read the peers' inputs");
+           (run.read   ? "the peers to finish reading this rank's input"
+            : reducing ? "the peers to reduce their slices"
+                       : "this rank to read the peers' inputs");
   } else if (run.offered && run.path == DirectRun::Path::Undecided) {
     laggards = ranks_where(nranks_, [&](int q) {
       return controls_[q]->offer_op.load(std::memory_order_acquire) < op;

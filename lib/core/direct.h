@@ -43,23 +43,34 @@
 // completes the op (and so hands the buffer back to the user) only after
 // every peer raised its done word for the op. Messages below
 // WEFT_SHM_ZERO_COPY_BYTES are staged (one synchronisation instead of two).
-// OneShot AllReduce, Reduce, AllGather, Broadcast and AllToAll take it;
-// in-place AllReduce, Reduce and AllToAll are staged (a rank would
-// overwrite its input while peers read it).
+// AllReduce, Reduce, AllGather, Broadcast and AllToAll take it; in-place
+// Reduce and AllToAll are staged (a rank would overwrite its input while
+// peers read it), in-place AllReduce too unless CMA works (two-phase, below).
 //
 // CMA: an offer has two kinds. Input that is not registered weftMemAlloc
 // memory may still be offered by cross-memory attach (its pid and address):
 // peers copy it with process_vm_readv straight into their output, one copy
 // instead of two, then raise their done word as above. Offers of both kinds
-// mix in one op. AllGather, Broadcast, AllToAll and out-of-place AllReduce take it (a
-// Reduce with a CMA offer is staged; an in-place AllReduce too: it would overwrite what
-// its peers read, and writing pieces only once copied ran 1.2-2.6x slower than staging
-// in both host states), from WEFT_SHM_CMA_BYTES per block (0: never;
+// mix in one op. AllGather, Broadcast, AllToAll and AllReduce take it (a Reduce with a
+// CMA offer is staged), from WEFT_SHM_CMA_BYTES per block (0: never;
 // unset: kAutoCmaBytes unless the node's ranks outnumber its cores, where a
-// rank's read waits for its peer's time slice twice and staging was faster).
+// rank's read waits for its peer's time slice twice and staging was faster, but for
+// AllToAll within the cache: kOversubscribedAllToAllCmaBytes).
 // Init probes it collectively (every rank reads a word of every peer, skipped
 // when no rank wants CMA); if any pair fails (Yama, a container, another pid
 // namespace), nobody offers CMA.
+//
+// An AllReduce read in place runs in one of two ways. One-shot: every rank reduces every
+// input whole into its output. Two-phase, where some rank is in place (and CMA works), or
+// some rank offers by CMA and the algorithm is TwoShot or the inputs outgrow half the
+// cache (registered inputs alone are read in one step): rank r reduces its n-th
+// of the vector (slice r) from every input into its output and raises its reduced word;
+// once every peer raised theirs it copies each peer's reduced slice from that peer's
+// output by CMA. A rank writes its output's other slices only in the second phase, after
+// every peer read its input there, so an in-place rank's input stays whole while it is
+// read; each rank moves 2(n-1)/n of the vector instead of n-1 vectors, and reduces an
+// n-th of it. (Writing an in-place one-shot's pieces only once every peer had copied
+// them ran 1.2-2.6x slower than staging.)
 #pragma once
 
 #include <sys/types.h>
@@ -97,6 +108,16 @@ struct Job;
 // gain a microsecond at most where CMA wins (8 KiB: 3.5 against 4.8 us) and lost 1.2-3x
 // where it did not (2026-12-06), more than the choice's probes would win back.
 inline constexpr uint64_t kAutoCmaBytes = 16 << 10;
+// Where the node's ranks outnumber its cores, AllToAll alone is read by CMA (WEFT_SHM_CMA_BYTES
+// unset), untimed, from this block size while the op's buffers over the node (every rank's
+// input and output) fit the last-level cache (DirectState::cma_buffer_bound_). At 4 ranks on
+// this VM's 2 cores, staged against CMA, out of place: 128 KiB-1 MiB outputs (32-256 KiB
+// blocks) ran 1.0-2.5x faster by CMA in three runs on two days (256 KiB: 119 against 48.5
+// and 106 against 95 us; 1 MiB: 451 against 326), 64 KiB ones 1.5x slower, and from 4 MiB
+// outputs, past the cache, CMA ran 1.5x slower in two of the three (4 MiB: 2265 against
+// 3355 us). AllGather lost by CMA there at every size: a reader's done word waits for its
+// owner's next time slice, and AllGather's staging copies little more than CMA does.
+inline constexpr uint64_t kOversubscribedAllToAllCmaBytes = 32 << 10;
 // How much faster per byte CMA must be to be chosen there: the op is timed whole (both
 // ways' waits included), so nothing of either way's cost falls outside its figure.
 inline constexpr double kCmaMargin = 1.0;
@@ -132,8 +153,8 @@ inline constexpr uint64_t kLanes = 128;
 inline constexpr uint64_t kShortLanes = 64;
 static_assert(2 * kLaneWindow <= kLanes + 2);
 
-// Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast
-// and AllToAll are ever nonzero.
+// Per collective, the smallest block offered by CMA (0: never); only AllGather, Broadcast,
+// AllToAll and AllReduce are ever nonzero (only AllToAll where ranks outnumber the cores).
 using CmaThresholds = std::array<uint64_t, algo::kNumCollectives>;
 // WEFT_SHM_CMA_BYTES's value for every such collective when set, else the automatic ones.
 CmaThresholds cma_thresholds(std::optional<uint64_t> set, bool oversubscribed);
@@ -196,6 +217,9 @@ struct DirectRun {
   Path path = Path::Undecided;
   bool offered = false;  // this rank's offer for the op is published
   bool read = false;     // zero copy or CMA: this rank read its peers' inputs
+  // An AllReduce read in two phases, and whether this rank reduced its slice (its first).
+  bool two_phase = false;
+  bool reduced = false;
   // Whether this rank chose between staging the op and reading it by CMA (a TimedChoice;
   // DirectState::path_timing_ has the rest).
   bool path_timed = false;
@@ -452,17 +476,24 @@ class DirectState {
   // The choice of stores for a zero-copy op's copies from mapped memory, when they are
   // chosen: blocks from stream_floor_, and a block that is not already in place.
   TimedChoice* copy_stores_for(const Job& job);
-  // An AllReduce's zero-copy reduction: every input reduced in rank order (the same bits
-  // on every rank), piece by piece, each piece of a peer read by CMA first copied into
-  // cma_scratch_, where the reduction finds it in the cache.
-  Status reduce_read_inputs(const Job& job);
+  // An AllReduce's zero-copy reduction of elements [begin, end): every input reduced in
+  // rank order into the output (the same bits on every rank), piece by piece, each piece of
+  // a peer read by CMA first copied into cma_scratch_, where the reduction finds it in the
+  // cache.
+  Status reduce_read_inputs(const Job& job, uint64_t begin, uint64_t end);
+  // A two-phase AllReduce's elements of slice `q` (of the job's count over the ranks).
+  uint64_t slice_begin(const Job& job, int q) const;
+  // Its second phase: every peer's reduced slice copied from the peer's output.
+  Status read_reduced_slices(const Job& job);
   // Reads the peers' inputs, then waits until every peer read this rank's.
   bool zero_copy(const Job& job, DirectRun* run, bool* progressed);
   // What each rank tells the others at init's second stage: where its CMA
-  // probe word lies (its pid, address and value), its size thresholds and its WEFT_CHECK.
+  // probe word lies (its pid, address and value), its size thresholds, its WEFT_CHECK and
+  // its cma_buffer_bound_.
   struct SetupWords {
     uint64_t pid, probe_address, probe_value, zero_copy_bytes, check;
     CmaThresholds cma_bytes;
+    uint64_t cma_buffer_bound;
   };
   // Whether every pair of ranks can use cross-memory attach (collective).
   Status probe_cma(const AllGather& allgather, const std::vector<SetupWords>& setups);
@@ -520,6 +551,9 @@ class DirectState {
   CmaThresholds cma_bytes_{};     // smaller blocks are staged; 0: no CMA offers
   CmaThresholds offer_floors_{};  // smaller blocks are staged by every rank, unoffered
   CmaThresholds cma_floors_{};    // cma_floors()
+  // The largest buffers over the node (every rank's input and output) an op offers by CMA:
+  // the last-level cache where ranks outnumber the cores and WEFT_SHM_CMA_BYTES is unset.
+  uint64_t cma_buffer_bound_ = UINT64_MAX;
   bool cma_ = false;
   uint64_t cma_probe_ = 0;  // the word peers read at init
   // By collective and by round size (powers of two from the floor, the last class taking
@@ -533,6 +567,11 @@ class DirectState {
   // last-level cache (WEFT_CACHE_BYTES); UINT64_MAX: never. Untimed, so ranks that outnumber
   // the cores stream too: beyond the cache the output goes to memory whatever writes it.
   uint64_t output_stream_floor_ = UINT64_MAX;
+  // Bytes of an AllReduce's inputs over the node from which it is read in two phases when
+  // read in place: half the last-level cache (WEFT_CACHE_BYTES). At 2 ranks out of place,
+  // one-shot reads ran 1-1.5 MiB vectors up to 1.4x faster and two phases 2-16 MiB ones
+  // 1.2-1.6x faster (4 MiB: 1110 against 1548-1860 us).
+  uint64_t two_phase_floor_ = UINT64_MAX;
   // Bytes the op in progress wrote to its output with streaming stores (its TRACE line).
   mutable uint64_t output_streamed_bytes_ = 0;
   // The timed round in progress (a communicator's ops run one at a time): the bytes this
@@ -578,13 +617,16 @@ class DirectState {
   // allocation stays mapped here until the cache is next emptied.
   std::map<std::pair<uint32_t, uint64_t>, shm::Segment> peer_memory_;
   // Every rank's input for the op in progress: here (own or mapped), or
-  // at `address` in process `pid` (CMA).
+  // at `address` in process `pid` (CMA); a two-phase AllReduce's output at `output` in
+  // the rank's process.
   struct Source {
     const std::byte* local = nullptr;
     pid_t pid = 0;
     uint64_t address = 0;
+    uint64_t output = 0;
   };
   std::vector<Source> sources_;
+  std::vector<pid_t> pids_;  // by rank: its process (two-phase AllReduce reads its output)
   std::vector<std::byte> cma_scratch_;  // reduce_read_inputs: a piece per rank read by CMA
 };
 

@@ -50,6 +50,14 @@ int cma_reads_logged() {
   return static_cast<int>(logged_sum("read in place, cma="));
 }
 
+// AllReduces this process read in two phases so far, from its own log.
+int two_phase_ops_logged() {
+  return static_cast<int>(logged_lines(", in two phases"));
+}
+
+// A cache so large that no out-of-place AllReduce here outgrows half of it (one-shot reads).
+const TraceLogs::Env::value_type kLargeCache{"WEFT_CACHE_BYTES", "1G"};
+
 // Ops this process timed to choose between CMA and staging (WEFT_SHM_CMA_BYTES unset), by
 // the way they went, from its own log.
 int chosen_ops_logged(bool read_in_place) {
@@ -84,8 +92,8 @@ int cma_reads_expected(const Case& c, int rank, int n) {
       return rank == c.root ? 0 : 1;
     case Collective::AllToAll:  // in place a rank would overwrite blocks peers still read
       return c.in_place ? 0 : n - 1;
-    case Collective::AllReduce:  // a PreMulSum reduces a scaled copy of its input
-      return c.in_place && c.op != kPreMulSum ? 0 : n - 1;
+    case Collective::AllReduce:  // in place in two phases
+      return n - 1;
     default:  // a Reduce is staged
       return 0;
   }
@@ -102,10 +110,14 @@ CmaThresholds uniform(size_t bytes) {
 
 // Runs every case of `collectives` on `comm`; returns the CMA reads they call
 // for under the per-collective thresholds `cma_bytes`, reporting up to 5 wrong results.
-// `reading_ops`: where given, the number of those cases in which this rank reads by CMA.
+// `reading_ops`: where given, the number of those cases in which this rank reads by CMA;
+// `two_phase_ops`: of those, the AllReduces in two phases under a kLargeCache (every one
+// with `two_shot`, else those in place). `buffer_bound`: an AllToAll whose buffers over the
+// ranks exceed it is staged.
 int run_cases(weftComm_t comm, const RankContext& context, std::span<const Collective> collectives,
               std::span<const size_t> counts, const CmaThresholds& cma_bytes,
-              int* reading_ops = nullptr) {
+              int* reading_ops = nullptr, int* two_phase_ops = nullptr, bool two_shot = false,
+              uint64_t buffer_bound = UINT64_MAX) {
   int failures = 0, expected = 0;
   for (Collective collective : collectives)
     for (size_t count : counts)
@@ -118,10 +130,17 @@ int run_cases(weftComm_t comm, const RankContext& context, std::span<const Colle
                           << " count " << count << " dtype " << dtype << " op " << op
                           << (in_place ? " in-place: " : ": ") << error;
           const size_t threshold = cma_bytes[static_cast<size_t>(collective)];
-          if (threshold != 0 && count * dtype_size(dtype) >= threshold) {
+          const uint64_t n = context.nranks, block = count * dtype_size(dtype);
+          const bool bounded =
+              collective == Collective::AllToAll && 2 * n * n * block > buffer_bound;
+          if (threshold != 0 && block >= threshold && !bounded) {
             const int reads = cma_reads_expected(c, context.rank, context.nranks);
             expected += reads;
             if (reading_ops != nullptr && reads > 0) ++*reading_ops;
+            // A PreMulSum's input is a scaled copy: out of place.
+            if (two_phase_ops != nullptr && reads > 0 && collective == Collective::AllReduce &&
+                (two_shot || (in_place && op != kPreMulSum)))
+              ++*two_phase_ops;
           }
         }
   return expected;
@@ -130,27 +149,124 @@ int run_cases(weftComm_t comm, const RankContext& context, std::span<const Colle
 const Collective kAll[] = {Collective::AllGather, Collective::Broadcast, Collective::AllToAll,
                            Collective::AllReduce, Collective::Reduce};
 
-class CmaMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
-
-// Counts 0, 1, 7, past the (4 KiB) staging, and past an AllReduce's pieces read by CMA
-// (64 KiB: several pieces and a short one for every type): every block read by CMA.
-TEST_P(CmaMatrix, ExactAndReadByCma) {
+// Runs every case of `collectives` at `counts` on a communicator of `algorithm` over
+// `nranks` ranks, every block offered by CMA: exact, every peer read by CMA, and the
+// AllReduces in two phases that should be (TwoShot, or in place).
+void cma_matrix(int nranks, algo::Algorithm algorithm, std::span<const Collective> collectives,
+                std::span<const size_t> counts) {
   CmaLogs logs;
   run_ranks(
-      GetParam(),
-      [](const RankContext& context) {
+      nranks,
+      [&](const RankContext& context) {
         weftComm_t world = init_comm(context);
-        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
-        const size_t counts[] = {0, 1, 7, kStagingBytes + 5, 5 * 16384 + 3};
-        int expected = run_cases(comm, context, kAll, counts, uniform(1));
+        weftComm_t comm = direct_comm(world, context.rank, algorithm);
+        int two_phase = 0;
+        int expected = run_cases(comm, context, collectives, counts, uniform(1), nullptr,
+                                 &two_phase, algorithm == algo::Algorithm::TwoShot);
         EXPECT_GT(expected, 0);
         EXPECT_EQ(cma_reads_logged(), expected);
+        EXPECT_GT(two_phase, 0);
+        EXPECT_EQ(two_phase_ops_logged(), two_phase);
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
-      logs.options({{"WEFT_SHM_CMA_BYTES", "1"}}));
+      logs.options({{"WEFT_SHM_CMA_BYTES", "1"}, kLargeCache}));
+}
+
+class CmaMatrix : public NoLeftovers, public ::testing::WithParamInterface<int> {};
+
+// Counts 0, 1, 7, past the (4 KiB) staging, and past an AllReduce's pieces read by CMA
+// (64 KiB: several pieces and a short one for every type): every block read by CMA, an
+// in-place AllReduce in two phases (from rank 2 on, its own pieces reduced from a copy).
+TEST_P(CmaMatrix, ExactAndReadByCma) {
+  const size_t counts[] = {0, 1, 7, kStagingBytes + 5, 5 * 16384 + 3};
+  cma_matrix(GetParam(), algo::Algorithm::OneShot, kAll, counts);
+}
+
+// TwoShot AllReduces read by CMA run in two phases in and out of place, slices uneven
+// (counts under the ranks, odd ones), exact for every dtype and op.
+TEST_P(CmaMatrix, TwoShotAllReduceInTwoPhases) {
+  const Collective collectives[] = {Collective::AllReduce};
+  const size_t counts[] = {0, 1, 3, 7, kStagingBytes + 5, 5 * 16384 + 3};
+  cma_matrix(GetParam(), algo::Algorithm::TwoShot, collectives, counts);
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, CmaMatrix, ::testing::Values(2, 3, 4));
+
+// An AllReduce some of whose ranks are in place runs in two phases on all of them, the
+// out-of-place ranks' outputs read by CMA, one rank's buffers registered (mapped offers, in
+// place too; its output is still read by CMA in the second phase);
+// each rank rewrites its buffers the moment a call returns (a peer still reading them
+// would see the next values). Out of place, AllReduces whose inputs over the ranks reach
+// half of WEFT_CACHE_BYTES run in two phases too, smaller ones one-shot.
+TEST_F(NoLeftovers, AllReduceInTwoPhasesWhenAnyRankIsInPlaceOrLarge) {
+  CmaLogs logs;
+  constexpr size_t kCache = 256 << 10;  // WEFT_CACHE_BYTES: two phases from 128 KiB in all
+  run_ranks(
+      3,
+      [](const RankContext& context) {
+        weftComm_t world = init_comm(context);
+        weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
+        const int n = context.nranks, me = context.rank;
+        const size_t largest = 30000;  // int32: 360 KiB over the ranks
+        // Rank 1's buffers are registered: its offers are mapped, in place too.
+        void* shared[2] = {};
+        void* handles[2] = {};
+        std::vector<int32_t> plain_input(largest), plain_output(largest);
+        int32_t* input = plain_input.data();
+        int32_t* output = plain_output.data();
+        for (int b = 0; b < 2 && me == 1; ++b) {
+          ASSERT_EQ(weftMemAlloc(&shared[b], largest * sizeof(int32_t)), weftSuccess)
+              << weftGetLastError(nullptr);
+          ASSERT_EQ(weftCommRegister(comm, shared[b], largest * sizeof(int32_t), &handles[b]),
+                    weftSuccess);
+        }
+        if (me == 1) {
+          input = static_cast<int32_t*>(shared[0]);
+          output = static_cast<int32_t*>(shared[1]);
+        }
+        auto value = [](int q, int op, size_t i) {
+          return static_cast<int32_t>(pattern_value(q, i) + 1000 * op);
+        };
+        // Ranks in place by turns (none, rank 0, ranks 1 and 2, all).
+        auto in_place_at = [](int q, int op) {
+          const int placement = op % 4;
+          return placement == 3 || (placement == 1 ? q == 0 : placement == 2 && q > 0);
+        };
+        size_t wrong = 0;
+        int two_phase = 0, cma_reads = 0;
+        for (int op = 0; op < 24; ++op) {
+          const bool in_place = in_place_at(me, op);
+          const size_t count = op % 8 < 4 ? 9001 : largest;  // 108 KiB or 360 KiB in all
+          int32_t* send = in_place ? output : input;
+          for (size_t i = 0; i < count; ++i) send[i] = value(me, op, i);
+          ASSERT_EQ(weftAllReduce(send, output, count, weftInt32, weftSum, comm, nullptr),
+                    weftSuccess)
+              << weftGetLastError(comm);
+          two_phase += op % 4 != 0 || count * n * sizeof(int32_t) >= kCache / 2;
+          // Every peer's input is read by CMA but rank 1's registered ones.
+          cma_reads += n - 1 - (me != 1);
+          std::vector<int32_t> result(output, output + count);
+          for (size_t i = 0; i < count; ++i) output[i] = input[i] = value(me, op + 1, i);
+          for (size_t i = 0; i < count; ++i) {
+            int64_t sum = 0;
+            for (int q = 0; q < n; ++q) sum += value(q, op, i);
+            wrong += result[i] != static_cast<int32_t>(sum);
+          }
+        }
+        EXPECT_EQ(wrong, 0u);
+        EXPECT_EQ(two_phase_ops_logged(), two_phase);
+        EXPECT_EQ(cma_reads_logged(), cma_reads);
+        for (int b = 0; b < 2 && me == 1; ++b) {
+          EXPECT_EQ(weftCommDeregister(comm, handles[b]), weftSuccess);
+          EXPECT_EQ(weftMemFree(shared[b]), weftSuccess);
+        }
+        EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
+        EXPECT_EQ(weftCommDestroy(world), weftSuccess);
+      },
+      logs.options({{"WEFT_SHM_CMA_BYTES", "1"},
+                    {"WEFT_SHM_ZERO_COPY_BYTES", "0"},
+                    {"WEFT_CACHE_BYTES", "262144"}}));
+}
 
 // Blocks under WEFT_SHM_CMA_BYTES are staged, larger ones read by CMA, untimed (a threshold
 // set is kept); 0 turns it off whatever the size. Exact either way.
@@ -179,22 +295,26 @@ TEST_F(NoLeftovers, ThresholdSwitchesCmaOff) {
 
 // Unset, the threshold is kAutoCmaBytes while the node has a core per rank, and from there
 // each op is timed and read by CMA or staged as the timings choose (all its ranks alike);
-// once the ranks outnumber the cores everything is staged (a read would wait for the peer's
-// time slice twice).
+// once the ranks outnumber the cores, untimed, only AllToAll blocks from
+// kOversubscribedAllToAllCmaBytes whose buffers over the ranks fit WEFT_CACHE_BYTES are read
+// by CMA (a read would wait for the peer's time slice twice; staging an AllToAll copies
+// each block twice).
 TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   CmaLogs logs;
+  constexpr uint64_t kCache = 4 << 20;
   // Under TSan this test took 80-84 s alone on a 2-core machine (release: 6.6 s), and its
   // oversubscribed run passed 90 s beside other tests.
-  RunOptions options = logs.options({});
+  RunOptions options = logs.options({{"WEFT_CACHE_BYTES", "4194304"}});
   options.timeout_s = 300;
   int cases = 0;
   for (int nranks : {2, cores + 1}) {
     if (nranks > 8) continue;  // a large machine: the oversubscribed case would take long
     const bool oversubscribed = nranks > cores;
     CmaThresholds thresholds{};
-    for (Collective collective : {Collective::AllGather, Collective::AllToAll})
-      thresholds[static_cast<size_t>(collective)] = oversubscribed ? 0 : kAutoCmaBytes;
+    thresholds[static_cast<size_t>(Collective::AllGather)] = oversubscribed ? 0 : kAutoCmaBytes;
+    thresholds[static_cast<size_t>(Collective::AllToAll)] =
+        oversubscribed ? kOversubscribedAllToAllCmaBytes : kAutoCmaBytes;
     SCOPED_TRACE("ranks " + std::to_string(nranks));
     ++cases;
     run_ranks(
@@ -203,23 +323,30 @@ TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
           weftComm_t world = init_comm(context);
           weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot);
           const Collective collectives[] = {Collective::AllGather, Collective::AllToAll};
-          // int8, float16 and float64 blocks on both sides of the threshold; large blocks
-          // where nothing is read by CMA.
+          // int8, float16 and float64 blocks on both sides of the threshold; oversubscribed,
+          // AllToAll blocks within the cache (4096 float64, 65536 int8 and float16) and from
+          // 3 ranks past it (65536 float64: 9 MiB of buffers).
           const size_t edge = kAutoCmaBytes;
           const std::vector<size_t> counts =
               oversubscribed
                   ? std::vector<size_t>{7, 4096, 65536}
                   : std::vector<size_t>{7, edge / 8, edge / 2 - 1, edge / 2, edge - 1, edge + 3};
           int reading_ops = 0;
-          int expected = run_cases(comm, context, collectives, counts, thresholds, &reading_ops);
-          EXPECT_EQ(expected > 0, !oversubscribed);
-          // Every op that could read by CMA was timed; those read in place read every peer.
-          const int read_in_place = chosen_ops_logged(true);
-          EXPECT_EQ(read_in_place + chosen_ops_logged(false), reading_ops);
-          EXPECT_EQ(cma_reads_logged(), read_in_place * (context.nranks - 1));
-          // Each size's first ops are staged (UnsetThresholdTimesBothWaysOnEveryRankAlike runs
-          // enough of one size to reach CMA).
-          EXPECT_EQ(chosen_ops_logged(false) > 0, !oversubscribed);
+          int expected = run_cases(comm, context, collectives, counts, thresholds, &reading_ops,
+                                   nullptr, false, oversubscribed ? kCache : UINT64_MAX);
+          EXPECT_GT(expected, 0);
+          if (oversubscribed) {
+            EXPECT_EQ(chosen_ops_logged(true) + chosen_ops_logged(false), 0);
+            EXPECT_EQ(cma_reads_logged(), expected);
+          } else {
+            // Every op that could read by CMA was timed; those read in place read every peer.
+            const int read_in_place = chosen_ops_logged(true);
+            EXPECT_EQ(read_in_place + chosen_ops_logged(false), reading_ops);
+            EXPECT_EQ(cma_reads_logged(), read_in_place * (context.nranks - 1));
+            // Each size's first ops are staged (UnsetThresholdTimesBothWaysOnEveryRankAlike
+            // runs enough of one size to reach CMA).
+            EXPECT_GT(chosen_ops_logged(false), 0);
+          }
           EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
           EXPECT_EQ(weftCommDestroy(world), weftSuccess);
         },
@@ -231,7 +358,8 @@ TEST_F(NoLeftovers, UnsetThresholdFollowsTheCores) {
 // Unset, the first ops of a size run staged, then read by CMA, kWindow counted ops each after
 // kCmaWarmup uncounted ones (TimedChoice), on every rank at once: every op is read by CMA on
 // all ranks or staged on all, so each rank logs as many ops of each way and reads its peer
-// in each CMA op.
+// in each CMA op. Out-of-place AllGathers and in-place AllReduces (read in two phases) in
+// turn, each with a choice of its own.
 TEST_F(NoLeftovers, UnsetThresholdTimesBothWaysOnEveryRankAlike) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "2 ranks on 1 core never read by CMA";
   CmaLogs logs;
@@ -243,19 +371,29 @@ TEST_F(NoLeftovers, UnsetThresholdTimesBothWaysOnEveryRankAlike) {
         const size_t count = kAutoCmaBytes / sizeof(float),
                      per_way = TimedChoice::kWindow + kCmaWarmup;
         std::vector<float> input(count), output(2 * count);
+        auto value = [](int q, size_t op, size_t i) {
+          return static_cast<float>((q * 5 + op + i) % 251);
+        };
         for (size_t op = 0; op < 2 * per_way; ++op) {
-          for (size_t i = 0; i < count; ++i)
-            input[i] = static_cast<float>((context.rank * 5 + op + i) % 251);
+          for (size_t i = 0; i < count; ++i) input[i] = value(context.rank, op, i);
           ASSERT_EQ(weftAllGather(input.data(), output.data(), count, weftFloat32, comm, nullptr),
                     weftSuccess);
           for (int q = 0; q < 2; ++q)
             for (size_t i = 0; i < count; ++i)
-              ASSERT_EQ(output[q * count + i], static_cast<float>((q * 5 + op + i) % 251))
+              ASSERT_EQ(output[q * count + i], value(q, op, i))
                   << "op " << op << " rank " << q << " element " << i;
+          for (size_t i = 0; i < count; ++i) output[i] = value(context.rank, op, i);
+          ASSERT_EQ(weftAllReduce(output.data(), output.data(), count, weftFloat32, weftSum, comm,
+                                  nullptr),
+                    weftSuccess);
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(output[i], value(0, op, i) + value(1, op, i))
+                << "in-place AllReduce op " << op << " element " << i;
         }
-        EXPECT_EQ(chosen_ops_logged(true), static_cast<int>(per_way));
-        EXPECT_EQ(chosen_ops_logged(false), static_cast<int>(per_way));
-        EXPECT_EQ(cma_reads_logged(), static_cast<int>(per_way));
+        EXPECT_EQ(chosen_ops_logged(true), static_cast<int>(2 * per_way));
+        EXPECT_EQ(chosen_ops_logged(false), static_cast<int>(2 * per_way));
+        EXPECT_EQ(cma_reads_logged(), static_cast<int>(2 * per_way));
+        EXPECT_EQ(two_phase_ops_logged(), static_cast<int>(per_way));
         EXPECT_EQ(weftCommDestroy(comm), weftSuccess);
         EXPECT_EQ(weftCommDestroy(world), weftSuccess);
       },
@@ -549,7 +687,8 @@ TEST_F(NoLeftovers, InputRewrittenRightAfterReturn) {
 }
 
 // A rank killed while its peers read its input by CMA: every survivor
-// returns an error well within the timeout, from an AllGather or an AllReduce.
+// returns an error well within the timeout, from an AllGather or an AllReduce (out of
+// place or in place).
 TEST_F(NoLeftovers, KilledPeerIsAnErrorOnEverySurvivor) {
   constexpr int kTimeoutMs = 20000;
   CmaLogs logs;
@@ -563,11 +702,12 @@ TEST_F(NoLeftovers, KilledPeerIsAnErrorOnEverySurvivor) {
         weftComm_t comm = direct_comm(world, context.rank, algo::Algorithm::OneShot, kTimeoutMs);
         const size_t count = 1 << 18;
         std::vector<int32_t> input(count, context.rank), output(context.nranks * count);
+        // In place, an AllReduce runs in two phases: a rank may die between them.
         auto call = [&](int op) {
-          return op % 2 == 0
+          return op % 3 == 0
                      ? weftAllGather(input.data(), output.data(), count, weftInt32, comm, nullptr)
-                     : weftAllReduce(input.data(), output.data(), count, weftInt32, weftMax, comm,
-                                     nullptr);
+                     : weftAllReduce(op % 3 == 1 ? input.data() : output.data(), output.data(),
+                                     count, weftInt32, weftMax, comm, nullptr);
         };
         for (int op = 0; op < 20; ++op) ASSERT_EQ(call(op), weftSuccess);
         if (context.rank == 2) raise(SIGKILL);

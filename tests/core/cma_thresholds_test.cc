@@ -14,7 +14,8 @@ namespace {
 using algo::Collective;
 
 // The floors per collective: only AllGather, Broadcast, AllToAll and AllReduce read by CMA; unset,
-// kAutoCmaBytes with a core per rank and never on shared cores; a set value everywhere.
+// kAutoCmaBytes with a core per rank, and on shared cores AllToAll alone from
+// kOversubscribedAllToAllCmaBytes; a set value everywhere.
 TEST(CmaThresholds, FollowTheSettingAndTheCores) {
   for (bool oversubscribed : {false, true})
     for (std::optional<uint64_t> set :
@@ -25,7 +26,12 @@ TEST(CmaThresholds, FollowTheSettingAndTheCores) {
         const bool capable =
             collective == Collective::AllGather || collective == Collective::Broadcast ||
             collective == Collective::AllToAll || collective == Collective::AllReduce;
-        const uint64_t expected = !capable ? 0 : set ? *set : oversubscribed ? 0 : kAutoCmaBytes;
+        const uint64_t shared_cores =
+            collective == Collective::AllToAll ? kOversubscribedAllToAllCmaBytes : 0;
+        const uint64_t expected = !capable         ? 0
+                                  : set            ? *set
+                                  : oversubscribed ? shared_cores
+                                                   : kAutoCmaBytes;
         EXPECT_EQ(thresholds[c], expected)
             << algo::collective_name(collective) << (oversubscribed ? ", oversubscribed" : "");
       }
