@@ -28,6 +28,7 @@ development machine is shared (docs/tuning.md)."""
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,19 @@ def bandwidth(points, bytes_per_size, what):
 
 def load():
     return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+def host_speed(build, env):
+    """The speed a 1-rank communicator applies to the figures now (docs/tuning.md, "Host
+    speed"), from its INIT log line; None where the line is missing."""
+    cmd = [os.path.join(build, "tools/weftrun/weftrun"), "-n", "1", "--no-prefix",
+           os.path.join(build, "bench/perf/weft-perf"), "allreduce", "-b", "8", "-e", "8",
+           "-n", "1", "-w", "0", "-c", "0"]
+    full_env = dict(os.environ, WEFT_DEBUG="INFO", WEFT_DEBUG_SUBSYS="INIT", **env)
+    done = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
+    found = re.search(r"cost model at ([0-9.]+) of its figures' host speed",
+                      done.stdout + done.stderr)
+    return float(found.group(1)) if found else None
 
 
 def cache_tier(points, memory_bw, what):
@@ -157,9 +171,11 @@ def measure_once(args):
     call = max(0.0, one[8][0] - memory_overhead)
     memory_bw = bandwidth(out_of_cache(one), 1, "copy")
     cache_bytes, cache_bw = cache_tier(times(one), memory_bw, "copy")
-    # Two ranks, UCX: one message each way per call.
+    # Two ranks, UCX: one message each way per call. Messages of at most 512 bytes take the
+    # direct path's rings instead (docs/shared-memory.md, "Point-to-point rings"), so the
+    # latency comes from 1-4 KiB.
     sr = run(2, "sendrecv", 8, 16 << 20, 2)
-    small = [v[0] for s, v in sr.items() if s <= 4096]
+    small = [v[0] for s, v in sr.items() if 512 < s <= 4096]
     link_latency = max(0.05, statistics.median(small) - call)
     link_bw = bandwidth(out_of_cache(sr), 1, "UCX")
     # Two ranks, direct one-shot: staging copy (at the copy throughput), one
@@ -227,7 +243,8 @@ def measure_once(args):
 def table(args):
     env = {"WEFT_TUNER_FILE": os.path.abspath(args.tuner_file)} if args.tuner_file else {}
     ranks = [int(n) for n in args.ranks.split(",")]
-    print("# " + load())
+    speed = lambda: "; host speed %s" % host_speed(args.build, env)
+    print("# " + load() + speed())
     results = {}  # (coll, size) -> {nranks: (ratio, lo, hi, algorithm)}
     for n in ranks:
         for coll in COLLECTIVES:
@@ -248,7 +265,7 @@ def table(args):
                 ratios = [run[size][0] / predicted for run in runs]
                 results.setdefault((coll, size), {})[n] = (
                     statistics.median(ratios), min(ratios), max(ratios), runs[-1][size][1])
-    print("# " + load())
+    print("# " + load() + speed())
     print("%-13s %9s" % ("collective", "bytes") +
           "".join(" %22s" % ("%d ranks" % n) for n in ranks))
     worst = []

@@ -62,6 +62,14 @@ constexpr EnvVar kEnvTable[] = {
      "bandwidth, copy/reduce throughput, cores, oversubscription slice latency) as written by "
      "bench/perf/calibrate.py (docs/tuning.md); unset: the built-in defaults.",
      EnvKind::kPath},
+    {"WEFT_HOST_SPEED", "",
+     "The host's speed, in percent of the one the cost model's figures (WEFT_TUNER_FILE or the "
+     "built-in defaults) were measured on: their throughputs scale by it, the latencies of the "
+     "ranks' own work by its inverse (docs/tuning.md, \"Host speed\"). Unset: each rank "
+     "times a 64 KiB copy from its cache at its first communicator against the figures' "
+     "cache_bandwidth_gb_s; a communicator takes the median of its ranks' figures. 100: the "
+     "figures as given; a communicator on a cluster file (WEFT_TOPO_FILE) takes them as given.",
+     EnvKind::kInt, 5, 2000, nullptr, "the measured speed"},
     {"WEFT_REDUCE_ISA", "",
      "Force the reduction kernels' instruction set: scalar, avx2 or avx512 (clamped to what the "
      "CPU has).",
@@ -318,7 +326,7 @@ void check_environment() {
     if (var.default_value[0] != '\0') {
       env_value(var.name);
     } else if (var.kind == EnvKind::kInt) {
-      env_value_if_set(var.name, "nothing (it is informational)");
+      env_value_if_set(var.name, var.when_bad ? var.when_bad : "nothing (it is informational)");
     } else if (var.kind == EnvKind::kBytes) {
       env_value_if_set(var.name, "the default");
     }

@@ -29,6 +29,9 @@ struct EnvVar {
   uint64_t min = 0;
   uint64_t max = UINT64_MAX;
   const char* choices = nullptr;
+  // What a bad value of a variable without a default gives, for its warning; nullptr:
+  // nothing (the variable is informational).
+  const char* when_bad = nullptr;
 };
 
 // All variables Weft reads, in documentation order.

@@ -19,7 +19,8 @@ namespace weft {
 using Secret = std::array<uint8_t, 16>;
 using Blob = std::vector<uint8_t>;
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: a rank's record carries its view of the host's speed (PeerInfo::host_speed).
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // Framed messages: a 16-byte header (magic, type, payload length) + payload.
 inline constexpr uint32_t kFrameMagic = 0x57465442;  // "WFTB"

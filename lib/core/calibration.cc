@@ -1,8 +1,10 @@
 #include "core/calibration.h"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -76,6 +78,63 @@ double Calibration::cache_speedup(double bytes, double cache_bytes, double cache
   const double cached = std::min(bytes, cache_bytes);
   const double seconds_per_gb = cached / cache_gb_s + (bytes - cached) / memory_gb_s;
   return bytes / seconds_per_gb / memory_gb_s;
+}
+
+void Calibration::scale_to_speed(double speed) {
+  for (double* throughput :
+       {&link.bandwidth_gb_s, &memory.bandwidth_gb_s, &direct.bandwidth_gb_s,
+        &single_copy.bandwidth_gb_s, &cache_bandwidth_gb_s, &direct_cache_bandwidth_gb_s,
+        &sliced_link_bandwidth_gb_s, &sliced_single_copy_bandwidth_gb_s})
+    *throughput *= speed;
+  for (double* latency : {&call_us, &memory.latency_us, &direct.latency_us, &slice_latency_us,
+                          &direct_slice_latency_us})
+    *latency /= speed;
+}
+
+double probe_cache_copy_gb_s() {
+  static const double measured = [] {
+    // Four copies per sample, so that reading the clock weighs little against them.
+    constexpr size_t kBytes = 64 << 10;
+    constexpr int kWarm = 4, kTimed = 32, kCopies = 4;
+    std::vector<char> a(kBytes, 1), b(kBytes, 2);
+    std::array<double, kTimed> seconds{};
+    for (int i = -kWarm; i < kTimed; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int copy = 0; copy < kCopies; ++copy) {
+        char* to = (copy & 1) ? a.data() : b.data();
+        std::memcpy(to, (copy & 1) ? b.data() : a.data(), kBytes);
+        asm volatile("" : : "r"(to) : "memory");  // the copy happens, inside the timing
+      }
+      const auto end = std::chrono::steady_clock::now();
+      if (i >= 0) seconds[i] = std::chrono::duration<double>(end - start).count();
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + kTimed / 2, seconds.end());
+    return kCopies * kBytes / std::max(seconds[kTimed / 2], 1e-9) / 1e9;
+  }();
+  return measured;
+}
+
+constexpr double kSlowestHost = 1.0 / 20, kFastestHost = 20;
+
+double local_host_speed(const Calibration& machine) {
+  double speed = 1;
+  if (std::optional<uint64_t> percent =
+          env_value_if_set("WEFT_HOST_SPEED", env_var("WEFT_HOST_SPEED").when_bad))
+    speed = static_cast<double>(*percent) / 100;
+  else if (machine.cache_bandwidth_gb_s > 0)
+    speed = probe_cache_copy_gb_s() / machine.cache_bandwidth_gb_s;
+  return std::clamp(speed, kSlowestHost, kFastestHost);
+}
+
+bool valid_host_speed(double speed) {
+  return speed >= kSlowestHost && speed <= kFastestHost;  // false for NaN too
+}
+
+double agreed_host_speed(std::vector<double> views) {
+  if (views.empty()) return 1;
+  const auto middle = views.begin() + (views.size() - 1) / 2;
+  std::nth_element(views.begin(), middle, views.end());
+  return *middle;
 }
 
 Status parse_calibration(std::string_view text, const std::string& source, Calibration* out) {

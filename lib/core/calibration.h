@@ -16,6 +16,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "algorithms/cost_model.h"
 #include "common/status.h"
@@ -42,8 +43,9 @@ struct Calibration {
   // Calls whose larger buffer per rank is up to cache_bytes run their copies
   // (memory and CMA reads) from the cache at cache_bandwidth_gb_s instead of
   // memory_bandwidth; a larger call's first cache_bytes still do (cache_speedup).
-  // 0: one throughput for every size.
-  double cache_bytes = 730 * 1024;
+  // 0: one throughput for every size. 1 MiB: measured 2026-12-08 (1.00 and 1.01 MB in two
+  // `calibrate.py measure --rounds 3`; 730 KiB in run 6, on the host before).
+  double cache_bytes = 1 << 20;
   double cache_bandwidth_gb_s = 122;
   // What moves lines between cores gains less from the cache than a rank's own copies
   // (docs/tuning.md, run 7): direct reads of a peer's staging run at
@@ -91,7 +93,29 @@ struct Calibration {
   // cache_bandwidth / memory_bandwidth for calls that fit.
   static double cache_speedup(double bytes, double cache_bytes, double cache_gb_s,
                               double memory_gb_s);
+
+  // The figures of a host running at `speed` times the speed of the one they were measured
+  // on (docs/tuning.md, "Host speed"): every throughput times speed; the latencies of work
+  // on the ranks' own cores (the call, a copy step, a direct synchronisation, the waits for
+  // a time slice) over it. A UCX message's latency and a cross-memory read's system call
+  // are left as they are: they did not follow the cores between this host's states.
+  void scale_to_speed(double speed);
 };
+
+// GB/s of a 64 KiB copy from this core's cache: the median of 32 samples of 4 copies, measured at
+// the process's first call and kept (what calibrate.py measures as cache_bandwidth_gb_s).
+double probe_cache_copy_gb_s();
+
+// This rank's view of the host's speed against `machine`: WEFT_HOST_SPEED / 100 when set,
+// else probe_cache_copy_gb_s() / machine.cache_bandwidth_gb_s, within [1/20, 20].
+double local_host_speed(const Calibration& machine);
+
+// Whether `speed` is one local_host_speed can give: a peer's record with another is malformed.
+bool valid_host_speed(double speed);
+
+// The speed a communicator's ranks apply alike: the median of their views, one per rank
+// (the lower middle one for an even count); 1 for none.
+double agreed_host_speed(std::vector<double> views);
 
 // Parses the calibration file format above into *out (keys not given keep
 // their value). Unknown keys, missing or non-positive numbers are errors

@@ -44,6 +44,7 @@ Blob encode_peer(const PeerInfo& peer) {
   writer.put(peer.package);
   writer.put(peer.numa);
   writer.put(peer.pid);
+  writer.put(peer.host_speed);
   writer.put_string(peer.host);
   writer.put_blob(peer.transport_address);
   return std::move(writer.data());
@@ -52,8 +53,9 @@ Blob encode_peer(const PeerInfo& peer) {
 bool decode_peer(const Blob& blob, PeerInfo* peer) {
   WireReader reader(blob);
   return reader.get(&peer->host_hash) && reader.get(&peer->package) && reader.get(&peer->numa) &&
-         reader.get(&peer->pid) && reader.get_string(&peer->host) &&
-         reader.get_blob(&peer->transport_address);
+         reader.get(&peer->pid) && reader.get(&peer->host_speed) &&
+         reader.get_string(&peer->host) && reader.get_blob(&peer->transport_address) &&
+         valid_host_speed(peer->host_speed);
 }
 
 // A new communicator's rendezvous, hosted by this rank: its unique id's bytes.
@@ -141,6 +143,10 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   self.host_hash = host_hash();
   self.host = hostname();
   self.pid = getpid();
+  // A bad WEFT_TUNER_FILE fails init after the join, so that the other ranks hear of it.
+  Calibration machine;
+  const Status calibration = load_calibration(&machine);
+  self.host_speed = local_host_speed(calibration.ok() ? machine : Calibration());
   topo::RankPlace place = this_process_place(self.host_hash);
   self.package = place.package;
   self.numa = place.numa;
@@ -199,8 +205,13 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
         &comm->device_));
   comm->reports_calls_ =
       nranks > 1 && !comm->direct_->shared() && comm->direct_->check() != CheckMode::Off;
-  Calibration machine;
-  WEFT_RETURN_IF_ERROR(load_calibration(&machine));
+  WEFT_RETURN_IF_ERROR(calibration);
+  std::vector<double> speeds;
+  for (const PeerInfo& peer : comm->peers_) speeds.push_back(peer.host_speed);
+  // A cluster file describes the machine it plans for, as weft-plan times it: its figures
+  // are taken as given.
+  const double speed = comm->topology_.injected ? 1 : agreed_host_speed(std::move(speeds));
+  machine.scale_to_speed(speed);
   TuneContext context =
       tune_context(comm->topology_, comm->has_shared_memory(), comm->overrides_, machine);
   context.single_copy_bytes = comm->direct_->cma_floors();
@@ -209,9 +220,11 @@ Status Communicator::create(const RootAddress& root, int nranks, int rank, const
   comm->tuner_ = std::make_unique<Tuner>(std::move(context));
   WEFT_LOG(INFO, INIT,
            "communicator%s%s: rank %d of %d ready (timeout %lld ms); setup phases: transport "
-           "%.3f ms, bootstrap %.3f ms, shared memory %.3f ms",
+           "%.3f ms, bootstrap %.3f ms, shared memory %.3f ms; cost model at %.2f of its figures' "
+           "host speed",
            comm->config_.name.empty() ? "" : " ", comm->config_.name.c_str(), rank, nranks,
-           static_cast<long long>(comm->config_.timeout_ms), transport_ms, bootstrap_ms, shm_ms);
+           static_cast<long long>(comm->config_.timeout_ms), transport_ms, bootstrap_ms, shm_ms,
+           speed);
   {
     std::lock_guard<std::mutex> lock(live_mutex);
     live_communicators().push_back(comm.get());

@@ -46,6 +46,7 @@ struct PeerInfo {
   int32_t numa = -1;
   std::string host;
   int32_t pid = 0;
+  double host_speed = 1;  // local_host_speed: the communicator's cost model takes their median
   Blob transport_address;
 };
 

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/tuner.h"
 
@@ -360,6 +362,93 @@ TEST(Calibration, TransfersBetweenCoresHaveTheirOwnCacheTier) {
                                    "direct_cache_bandwidth_gb_s 20\n",
                            2, Algorithm::OneShot, 256 << 10, true),
               predict_with(kBase, 2, Algorithm::OneShot, 256 << 10, true), 1e-6);
+}
+
+// A host at half the speed of the figures' (docs/tuning.md, "Host speed"): every throughput
+// halves, the latencies of the ranks' own work double, and a UCX message's latency and a
+// cross-memory read's system call stay; a direct one-shot call, all work of the ranks' own
+// cores, then takes exactly twice as long.
+TEST(Calibration, HostSpeedScalesThroughputsAndTheCoresOwnLatencies) {
+  Calibration given;
+  given.call_us = 0.3;
+  Calibration slow = given;
+  slow.scale_to_speed(0.5);
+  for (auto [from, to] :
+       {std::pair{given.link.bandwidth_gb_s, slow.link.bandwidth_gb_s},
+        {given.memory.bandwidth_gb_s, slow.memory.bandwidth_gb_s},
+        {given.direct.bandwidth_gb_s, slow.direct.bandwidth_gb_s},
+        {given.single_copy.bandwidth_gb_s, slow.single_copy.bandwidth_gb_s},
+        {given.cache_bandwidth_gb_s, slow.cache_bandwidth_gb_s},
+        {given.direct_cache_bandwidth_gb_s, slow.direct_cache_bandwidth_gb_s},
+        {given.sliced_link_bandwidth_gb_s, slow.sliced_link_bandwidth_gb_s},
+        {given.sliced_single_copy_bandwidth_gb_s, slow.sliced_single_copy_bandwidth_gb_s}})
+    EXPECT_DOUBLE_EQ(to, from / 2);
+  for (auto [from, to] : {std::pair{given.call_us, slow.call_us},
+                          {given.memory.latency_us, slow.memory.latency_us},
+                          {given.direct.latency_us, slow.direct.latency_us},
+                          {given.slice_latency_us, slow.slice_latency_us},
+                          {given.direct_slice_latency_us, slow.direct_slice_latency_us}})
+    EXPECT_DOUBLE_EQ(to, from * 2);
+  EXPECT_EQ(slow.link.latency_us, given.link.latency_us);
+  EXPECT_EQ(slow.single_copy.latency_us, given.single_copy.latency_us);
+  EXPECT_EQ(slow.cache_bytes, given.cache_bytes);
+  EXPECT_EQ(slow.cores, given.cores);
+
+  const auto predict = [](const Calibration& machine, int nranks) {
+    const Tuner tuner(tune_context(one_node(nranks), true, AlgorithmOverrides(), machine));
+    return tuner.predict_us(Collective::AllReduce, Algorithm::OneShot, 0, 1 << 20);
+  };
+  for (int nranks : {2, 8}) {  // 8: time-sliced on this machine's cores
+    Calibration cores = given;
+    cores.cores = 2;
+    Calibration slow_cores = cores;
+    slow_cores.scale_to_speed(0.5);
+    EXPECT_NEAR(predict(slow_cores, nranks), 2 * predict(cores, nranks),
+                1e-9 * predict(cores, nranks))
+        << nranks << " ranks";
+  }
+}
+
+// Each rank's view of the speed: WEFT_HOST_SPEED in percent when set and valid, else its
+// copy from the cache (measured once) over the figures' cache_bandwidth_gb_s; within
+// [1/20, 20].
+TEST(Calibration, HostSpeedComesFromTheVariableOrTheProbeAgainstTheCacheFigure) {
+  const double probe = probe_cache_copy_gb_s();
+  ASSERT_GT(probe, 0);
+  ASSERT_TRUE(std::isfinite(probe));
+  EXPECT_EQ(probe_cache_copy_gb_s(), probe);  // kept for the process
+  unsetenv("WEFT_HOST_SPEED");
+  Calibration machine;
+  machine.cache_bandwidth_gb_s = probe * 2;
+  EXPECT_DOUBLE_EQ(local_host_speed(machine), 0.5);
+  machine.cache_bandwidth_gb_s = probe / 100;
+  EXPECT_DOUBLE_EQ(local_host_speed(machine), 20);
+  machine.cache_bandwidth_gb_s = probe * 100;
+  EXPECT_DOUBLE_EQ(local_host_speed(machine), 1.0 / 20);
+  setenv("WEFT_HOST_SPEED", "250", 1);
+  EXPECT_DOUBLE_EQ(local_host_speed(machine), 2.5);
+  setenv("WEFT_HOST_SPEED", "fast", 1);  // not a number: the probe's
+  EXPECT_DOUBLE_EQ(local_host_speed(machine), 1.0 / 20);
+  unsetenv("WEFT_HOST_SPEED");
+}
+
+// A peer's record whose speed local_host_speed could not give is malformed (a NaN would
+// leave the median undefined).
+TEST(Calibration, OnlySpeedsARankCanGiveAreValid) {
+  for (double speed : {1.0 / 20, 0.34, 1.0, 20.0}) EXPECT_TRUE(valid_host_speed(speed)) << speed;
+  for (double speed : {0.0, 0.049, 20.5, -1.0, std::nan(""), HUGE_VAL})
+    EXPECT_FALSE(valid_host_speed(speed)) << speed;
+}
+
+// A communicator's ranks apply one speed: the median of their views (the lower middle one
+// for an even count), whatever their order.
+TEST(Calibration, RanksAgreeOnTheMedianSpeed) {
+  EXPECT_EQ(agreed_host_speed({}), 1);
+  EXPECT_EQ(agreed_host_speed({0.3}), 0.3);
+  EXPECT_EQ(agreed_host_speed({4, 0.25, 1}), 1);
+  EXPECT_EQ(agreed_host_speed({1, 4, 0.25}), 1);
+  EXPECT_EQ(agreed_host_speed({0.5, 2}), 0.5);
+  EXPECT_EQ(agreed_host_speed({2, 0.5, 3, 1}), 1);
 }
 
 }  // namespace

@@ -264,5 +264,45 @@ TEST(Bootstrap, StrangersDoNotDisturbInit) {
   });
 }
 
+// The cost model runs at the host's speed (docs/tuning.md, "Host speed"), one speed for all
+// of a communicator's ranks whatever each measured or was told: their median. Here each
+// rank is told its own (WEFT_HOST_SPEED, read as each communicator is made); every rank's
+// predictions follow the median exactly.
+TEST(HostSpeed, RanksApplyTheMedianOfTheirSpeeds) {
+  run_ranks(3, [](const RankContext& context) {
+    setenv("WEFT_ALGO", "allreduce:oneshot", 1);  // the same algorithm at every speed
+    setenv("WEFT_HOST_SPEED", "100", 1);
+    weftComm_t comm = init_comm(context);
+    ASSERT_NE(comm, nullptr);
+    const auto predict = [](weftComm_t c) {
+      double us = -1;
+      EXPECT_EQ(weftCommPredictTime(c, "allreduce", 1 << 20, &us), weftSuccess);
+      return us;
+    };
+    const auto split_at = [&](const char* percent) {
+      setenv("WEFT_HOST_SPEED", percent, 1);
+      weftComm_t child = nullptr;
+      EXPECT_EQ(weftCommSplit(comm, 0, context.rank, &child, nullptr), weftSuccess)
+          << weftGetLastError(comm);
+      return child;
+    };
+    const double full = predict(comm);
+    ASSERT_GT(full, 0);
+    weftComm_t half = split_at("50");
+    const char* views[] = {"400", "100", "25"};
+    weftComm_t mixed = split_at(views[context.rank]);
+    weftComm_t outvoted = split_at(context.rank == 0 ? "100" : "50");
+    unsetenv("WEFT_HOST_SPEED");
+    unsetenv("WEFT_ALGO");
+    ASSERT_NE(half, nullptr);
+    ASSERT_NE(mixed, nullptr);
+    ASSERT_NE(outvoted, nullptr);
+    EXPECT_NEAR(predict(half), 2 * full, 1e-9 * full);
+    EXPECT_NEAR(predict(mixed), full, 1e-9 * full);
+    EXPECT_NEAR(predict(outvoted), 2 * full, 1e-9 * full);
+    for (weftComm_t c : {outvoted, mixed, half, comm}) EXPECT_EQ(weftCommDestroy(c), weftSuccess);
+  });
+}
+
 }  // namespace
 }  // namespace weft::testing

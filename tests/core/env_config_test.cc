@@ -36,6 +36,7 @@ const std::vector<BadValues>& bad_values() {
       {"WEFT_ALGO", {"allreduce:bogus", "nosuch:ring"}},
       {"WEFT_TOPO_FILE", {"/nonexistent-weft-dir/topo.json"}},
       {"WEFT_TUNER_FILE", {"/nonexistent-weft-dir/tuner.txt"}},
+      {"WEFT_HOST_SPEED", {"0", "4", "2001", "fast", "1.5"}},
       {"WEFT_REDUCE_ISA", {"sse9", "avx"}},
       {"WEFT_SHM_BYTES", {"4X", "-1", "1T"}},
       {"WEFT_SHM_DISABLE", {"2", "maybe"}},
@@ -91,24 +92,44 @@ TEST(EnvConfig, ParserRejectsBadValues) {
   }
 }
 
+// The check at the first communicator names what a bad WEFT_HOST_SPEED gives: the measured
+// speed (it has no default, and is not informational).
+TEST(EnvConfig, BadHostSpeedWarnsThatTheMeasuredSpeedIsUsed) {
+  ASSERT_EQ(setenv("WEFT_HOST_SPEED", "quick", 1), 0);
+  ::testing::internal::CaptureStderr();
+  weft::check_environment();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  unsetenv("WEFT_HOST_SPEED");
+  EXPECT_EQ(count_of(err, "WEFT_HOST_SPEED=quick is not "), 1u) << err;
+  EXPECT_EQ(count_of(err, "; using the measured speed"), 1u) << err;
+}
+
 TEST(EnvConfig, GoodValuesParse) {
   struct Good {
     const char* name;
     const char* text;
     uint64_t value;
   };
-  for (const Good& g :
-       {Good{"WEFT_TIMEOUT_MS", "250", 250}, Good{"WEFT_SHM_BYTES", "64K", 64 << 10},
-        Good{"WEFT_SHM_ZERO_COPY_BYTES", "16k", 16 << 10},
-        Good{"WEFT_SHM_CMA_BYTES", "2M", 2 << 20}, Good{"WEFT_SHM_BYTES", "1G", 1u << 30},
-        Good{"WEFT_SHM_STREAM_BYTES", "512K", 512 << 10}, Good{"WEFT_CACHE_BYTES", "8M", 8 << 20},
-        Good{"WEFT_SHM_STREAM_BYTES", "0", 0}, Good{"WEFT_SHM_DISABLE", "yes", 1},
-        Good{"WEFT_SHM_DISABLE", "0", 0}, Good{"WEFT_DEBUG", "info", 2},
-        Good{"WEFT_REDUCE_ISA", "AVX2", 1},
-        Good{"WEFT_DEBUG_SUBSYS", "init,Coll", weft::kLogINIT | weft::kLogCOLL},
-        Good{"WEFT_LOCAL_RANK", "0", 0}, Good{"WEFT_CHECK", "off", 0},
-        Good{"WEFT_CHECK", "FULL", 2}, Good{"WEFT_CUDA_SLOT_BYTES", "1M", 1 << 20},
-        Good{"WEFT_CUDA_SLOTS", "4", 4}, Good{"WEFT_CUDA_IPC", "Legacy", 2}}) {
+  for (const Good& g : {Good{"WEFT_TIMEOUT_MS", "250", 250},
+                        Good{"WEFT_SHM_BYTES", "64K", 64 << 10},
+                        Good{"WEFT_SHM_ZERO_COPY_BYTES", "16k", 16 << 10},
+                        Good{"WEFT_SHM_CMA_BYTES", "2M", 2 << 20},
+                        Good{"WEFT_SHM_BYTES", "1G", 1u << 30},
+                        Good{"WEFT_SHM_STREAM_BYTES", "512K", 512 << 10},
+                        Good{"WEFT_CACHE_BYTES", "8M", 8 << 20},
+                        Good{"WEFT_HOST_SPEED", "35", 35},
+                        Good{"WEFT_SHM_STREAM_BYTES", "0", 0},
+                        Good{"WEFT_SHM_DISABLE", "yes", 1},
+                        Good{"WEFT_SHM_DISABLE", "0", 0},
+                        Good{"WEFT_DEBUG", "info", 2},
+                        Good{"WEFT_REDUCE_ISA", "AVX2", 1},
+                        Good{"WEFT_DEBUG_SUBSYS", "init,Coll", weft::kLogINIT | weft::kLogCOLL},
+                        Good{"WEFT_LOCAL_RANK", "0", 0},
+                        Good{"WEFT_CHECK", "off", 0},
+                        Good{"WEFT_CHECK", "FULL", 2},
+                        Good{"WEFT_CUDA_SLOT_BYTES", "1M", 1 << 20},
+                        Good{"WEFT_CUDA_SLOTS", "4", 4},
+                        Good{"WEFT_CUDA_IPC", "Legacy", 2}}) {
     std::string expected;
     EXPECT_EQ(weft::parse_env_value(weft::env_var(g.name), g.text, &expected), g.value)
         << g.name << "=" << g.text << ": " << expected;

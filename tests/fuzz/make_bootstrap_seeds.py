@@ -19,7 +19,7 @@ def blob(data):
     return struct.pack("<I", len(data)) + data
 
 
-def hello(rank, nranks, secret=bytes(range(16)), version=1):
+def hello(rank, nranks, secret=bytes(range(16)), version=2):
     return struct.pack("<I", version) + secret + struct.pack("<ii", rank, nranks) + \
         blob(b"host:1234") + blob(b"peer info")
 
